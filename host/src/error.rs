@@ -1,0 +1,77 @@
+//! The errors `forward` returns. Every invalid input is caught before launch.
+
+use std::fmt;
+
+/// Why an attention call was refused or failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// A tensor has a zero-sized dimension.
+    EmptyTensor { tensor: &'static str },
+    /// Shapes of q, k, v, o (or the lse buffer) do not fit together.
+    ShapeMismatch(String),
+    /// No kernel exists for this head dim.
+    UnsupportedHeadDim(usize),
+    /// Query heads must be a multiple of key/value heads.
+    HeadsNotDivisible { heads_q: usize, heads_kv: usize },
+    /// The last (head_dim) dimension must have stride 1.
+    LastDimNotContiguous { tensor: &'static str, stride: usize },
+    /// The base pointer or a stride is not a multiple of 16 bytes.
+    Misaligned { tensor: &'static str, what: &'static str },
+    /// The view reaches past the end of its buffer.
+    OutOfBounds { tensor: &'static str, needed: usize, len: usize },
+    /// A size past what the kernel indexes or the launch grid allows.
+    TooLarge { what: &'static str, value: usize, max: usize },
+    /// The output overlaps an input.
+    Aliasing,
+    /// The softmax scale must be finite and positive.
+    InvalidScale(f32),
+    /// The GPU's compute capability is below 8.0 (mma.sync bf16, cp.async).
+    UnsupportedDevice { major: i32, minor: i32 },
+    /// A CUDA driver call failed.
+    Cuda(cust::error::CudaError),
+    /// A raw CUDA driver call failed with this status code.
+    DriverCall { call: &'static str, code: u32 },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::EmptyTensor { tensor } => write!(f, "{tensor} has a dimension of size 0"),
+            Error::ShapeMismatch(msg) => write!(f, "shape mismatch: {msg}"),
+            Error::UnsupportedHeadDim(d) => {
+                write!(f, "head_dim {d} is not supported (supported: {:?})", crate::SUPPORTED_HEAD_DIMS)
+            }
+            Error::HeadsNotDivisible { heads_q, heads_kv } => {
+                write!(f, "query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
+            }
+            Error::LastDimNotContiguous { tensor, stride } => {
+                write!(f, "{tensor}: the head_dim dimension must be contiguous (stride 1), got stride {stride}")
+            }
+            Error::Misaligned { tensor, what } => {
+                write!(f, "{tensor}: {what} must be a multiple of 16 bytes (8 elements)")
+            }
+            Error::OutOfBounds { tensor, needed, len } => {
+                write!(f, "{tensor}: the view needs {needed} elements but its buffer has {len}")
+            }
+            Error::TooLarge { what, value, max } => write!(f, "{what} = {value} exceeds the supported maximum {max}"),
+            Error::Aliasing => write!(f, "the output overlaps an input"),
+            Error::InvalidScale(s) => write!(f, "softmax_scale must be finite and > 0, got {s}"),
+            Error::UnsupportedDevice { major, minor } => {
+                write!(f, "compute capability {major}.{minor} is not supported; sm_80 or newer is required")
+            }
+            Error::Cuda(e) => write!(f, "CUDA error: {e}"),
+            Error::DriverCall { call, code } => write!(f, "{call} failed with CUDA status {code}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<cust::error::CudaError> for Error {
+    fn from(e: cust::error::CudaError) -> Self {
+        Error::Cuda(e)
+    }
+}
+
+/// Result of this crate's calls.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,57 @@
+//! FlashAttention-2 forward on NVIDIA GPUs (sm_80 and newer), from Rust alone.
+//!
+//! The kernels are Rust (the `flash-attn-kernels` crate) compiled to PTX,
+//! which this crate embeds; [`FlashAttention`] loads it into the current CUDA
+//! context once and launches it through `cust`. No CUDA C++ and no nvcc.
+//!
+//! Tensors are `[batch, seqlen, heads, head_dim]`, f16 or bf16, in device
+//! memory, with any strides on the first three dimensions (multiples of 8
+//! elements) and a contiguous last one. Supported: head dims 64 and 128,
+//! causal (bottom-right aligned) and not, any sequence lengths, MQA/GQA.
+//! Every invalid input returns an [`Error`] and launches nothing.
+//!
+//! ```no_run
+//! use flash_attn::{AttentionParams, FlashAttention, Tensor, f16};
+//! use cust::memory::DeviceBuffer;
+//! use cust::stream::{Stream, StreamFlags};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let _context = cust::quick_init()?;
+//! let attention = FlashAttention::new()?;
+//! let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+//!
+//! let (batch, seqlen, heads, head_dim) = (2, 1024, 8, 128);
+//! let n = batch * seqlen * heads * head_dim;
+//! let host: Vec<f16> = (0..n).map(|i| f16::from_f32(((i % 13) as f32 - 6.0) / 8.0)).collect();
+//! let (q, k, v) = (DeviceBuffer::from_slice(&host)?, DeviceBuffer::from_slice(&host)?, DeviceBuffer::from_slice(&host)?);
+//! let shape = [batch, seqlen, heads, head_dim];
+//!
+//! let out = attention.forward(
+//!     Tensor::new(&q, shape),
+//!     Tensor::new(&k, shape),
+//!     Tensor::new(&v, shape),
+//!     &AttentionParams { causal: true, softmax_scale: None },
+//!     &stream,
+//! )?;
+//! stream.synchronize()?;
+//! let o: Vec<f16> = out.o.as_host_vec()?; // [batch, seqlen, heads, head_dim]
+//! let lse: Vec<f32> = out.lse.as_host_vec()?; // [batch, heads, seqlen]
+//! # Ok(()) }
+//! ```
+
+#[allow(dead_code)]
+#[path = "../../kernels/src/config.rs"]
+mod config;
+mod error;
+#[path = "../../kernels/src/params.rs"]
+mod params;
+pub mod reference;
+mod runtime;
+mod validate;
+
+pub use cust;
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use runtime::{Element, FlashAttention, Output, Tensor, TensorMut, KERNEL_NAMES, PTX};
+pub use params::ForwardParams;
+pub use validate::{validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_SEQLEN, SUPPORTED_HEAD_DIMS};

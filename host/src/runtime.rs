@@ -1,0 +1,193 @@
+//! Loading the embedded PTX and launching the kernels through `cust`.
+
+use std::ffi::c_void;
+
+use cust::device::DeviceAttribute;
+use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
+use cust::module::Module;
+use cust::context::CurrentContext;
+use cust::stream::Stream;
+
+use crate::error::{Error, Result};
+use crate::validate::{tile_config, validate, AttentionParams, Layout, Placed, Problem};
+
+/// The kernels' PTX, built from `kernels/` by `cargo xtask build-ptx`.
+pub const PTX: &str = include_str!("../kernels.ptx");
+
+/// Every kernel in [`PTX`], as `flash_fwd_d{64,128}_{f16,bf16}_{full,causal}`.
+pub const KERNEL_NAMES: [&str; 8] = [
+    "flash_fwd_d64_f16_full",
+    "flash_fwd_d64_f16_causal",
+    "flash_fwd_d64_bf16_full",
+    "flash_fwd_d64_bf16_causal",
+    "flash_fwd_d128_f16_full",
+    "flash_fwd_d128_f16_causal",
+    "flash_fwd_d128_bf16_full",
+    "flash_fwd_d128_bf16_causal",
+];
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// An element type the kernels take: [`f16`](half::f16) or [`bf16`](half::bf16).
+pub trait Element: DeviceCopy + sealed::Sealed {
+    /// The type's part of the kernel name.
+    const NAME: &'static str;
+}
+impl Element for half::f16 {
+    const NAME: &'static str = "f16";
+}
+impl Element for half::bf16 {
+    const NAME: &'static str = "bf16";
+}
+
+/// A read-only `[batch, seqlen, heads, head_dim]` view of a device buffer.
+#[derive(Clone, Copy)]
+pub struct Tensor<'a, T: Element> {
+    buffer: &'a DeviceSlice<T>,
+    layout: Layout,
+}
+
+impl<'a, T: Element> Tensor<'a, T> {
+    /// A densely packed tensor of `shape` at the start of `buffer`.
+    pub fn new(buffer: &'a DeviceSlice<T>, shape: [usize; 4]) -> Self {
+        Self { buffer, layout: Layout::contiguous(shape) }
+    }
+
+    /// A tensor with explicit strides, in elements.
+    pub fn strided(buffer: &'a DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
+        Self { buffer, layout: Layout::strided(shape, strides) }
+    }
+
+    fn placed(&self, name: &'static str) -> Placed {
+        Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
+    }
+}
+
+/// A writable `[batch, seqlen, heads, head_dim]` view of a device buffer.
+pub struct TensorMut<'a, T: Element> {
+    buffer: &'a mut DeviceSlice<T>,
+    layout: Layout,
+}
+
+impl<'a, T: Element> TensorMut<'a, T> {
+    /// A densely packed tensor of `shape` at the start of `buffer`.
+    pub fn new(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4]) -> Self {
+        Self { buffer, layout: Layout::contiguous(shape) }
+    }
+
+    /// A tensor with explicit strides, in elements.
+    pub fn strided(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
+        Self { buffer, layout: Layout::strided(shape, strides) }
+    }
+}
+
+/// What [`FlashAttention::forward`] returns.
+pub struct Output<T: Element> {
+    /// `[batch, seqlen_q, heads_q, head_dim]`, contiguous.
+    pub o: DeviceBuffer<T>,
+    /// Natural log-sum-exp of each row's scaled scores, `[batch, heads_q,
+    /// seqlen_q]`; `-inf` for a row that sees no key.
+    pub lse: DeviceBuffer<f32>,
+    /// The sizes of the problem.
+    pub problem: Problem,
+}
+
+/// The kernels, loaded into the CUDA context current at [`FlashAttention::new`].
+pub struct FlashAttention {
+    module: Module,
+}
+
+impl FlashAttention {
+    /// Loads the kernels into the current context. Fails with
+    /// [`Error::UnsupportedDevice`] below compute capability 8.0.
+    pub fn new() -> Result<Self> {
+        let device = CurrentContext::get_device()?;
+        let major = device.get_attribute(DeviceAttribute::ComputeCapabilityMajor)?;
+        let minor = device.get_attribute(DeviceAttribute::ComputeCapabilityMinor)?;
+        if major < 8 {
+            return Err(Error::UnsupportedDevice { major, minor });
+        }
+        let module = Module::from_ptx(PTX, &[])?;
+        for name in KERNEL_NAMES {
+            let head_dim = if name.contains("_d64_") { 64 } else { 128 };
+            let smem = tile_config(head_dim)?.smem_bytes();
+            let function = module.get_function(name)?;
+            // Allow more than the default 48 KiB of dynamic shared memory.
+            let status = unsafe {
+                cust::sys::cuFuncSetAttribute(
+                    function.to_raw(),
+                    cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            };
+            if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
+                return Err(Error::DriverCall { call: "cuFuncSetAttribute", code: status as u32 });
+            }
+        }
+        Ok(Self { module })
+    }
+
+    /// Attention of `q` over `k`, `v`, into freshly allocated outputs,
+    /// launched on `stream` (the result is ready once the stream is).
+    pub fn forward<T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        params: &AttentionParams,
+        stream: &Stream,
+    ) -> Result<Output<T>> {
+        let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
+        let len = batch * seqlen_q * heads_q * head_dim;
+        // Validate before allocating, so that bad input allocates nothing.
+        let dummy_o = Placed { name: "o", layout: Layout::contiguous(q.layout.shape), addr: u64::MAX & !15, buffer_len: len };
+        validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &dummy_o, 0, batch * heads_q * seqlen_q, params)?;
+        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(len)? };
+        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(batch * heads_q * seqlen_q)? };
+        let problem =
+            self.forward_into(q, k, v, TensorMut::new(&mut o, [batch, seqlen_q, heads_q, head_dim]), &mut lse, params, stream)?;
+        Ok(Output { o, lse, problem })
+    }
+
+    /// Attention into caller-provided outputs: `o` with `q`'s shape, and
+    /// `lse` of at least `batch * heads_q * seqlen_q` f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into<T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: &mut DeviceSlice<f32>,
+        params: &AttentionParams,
+        stream: &Stream,
+    ) -> Result<Problem> {
+        let o_placed =
+            Placed { name: "o", layout: o.layout, addr: o.buffer.as_device_ptr().as_raw(), buffer_len: o.buffer.len() };
+        let (mut args, problem) = validate(
+            &q.placed("q"),
+            &k.placed("k"),
+            &v.placed("v"),
+            &o_placed,
+            lse.as_device_ptr().as_raw(),
+            lse.len(),
+            params,
+        )?;
+        let config = tile_config(problem.head_dim)?;
+        let name = format!(
+            "flash_fwd_d{}_{}_{}",
+            problem.head_dim,
+            T::NAME,
+            if params.causal { "causal" } else { "full" }
+        );
+        let function = self.module.get_function(&name)?;
+        let grid = (problem.seqlen_q.div_ceil(config.block_m as usize) as u32, problem.heads_q as u32, problem.batch as u32);
+        let arg_ptr = &mut args as *mut _ as *mut c_void;
+        unsafe { stream.launch(&function, grid, config.threads(), config.smem_bytes(), &[arg_ptr])? };
+        Ok(problem)
+    }
+}

@@ -1,0 +1,50 @@
+//! Shared-memory tiles and their XOR swizzle.
+//!
+//! A tile holds `rows x HEAD_DIM` 16-bit elements, one row after another,
+//! each row `HEAD_DIM / 8` chunks of 16 bytes. A row is a multiple of 128
+//! bytes, so the same chunk of eight consecutive rows would fall in the same
+//! four banks; storing logical chunk `c` of row `r` at physical chunk
+//! `c ^ (r % 8)` spreads those eight chunks over all 32 banks. Both the
+//! `cp.async` writes (a row's chunks side by side) and the `ldmatrix` reads
+//! (one chunk of eight rows) are then free of bank conflicts.
+
+/// A swizzled `[rows, HEAD_DIM]` tile at a shared-window address.
+#[derive(Clone, Copy)]
+pub struct SmemTile<const HEAD_DIM: usize> {
+    base: u32,
+}
+
+impl<const HEAD_DIM: usize> SmemTile<HEAD_DIM> {
+    /// Bytes in one row.
+    pub const ROW_BYTES: u32 = (HEAD_DIM * 2) as u32;
+    /// 16-byte chunks in one row.
+    pub const CHUNKS_PER_ROW: u32 = (HEAD_DIM / 8) as u32;
+
+    /// The tile at `base`, which must be 128-byte aligned.
+    #[inline(always)]
+    pub fn at(base: u32) -> Self {
+        const {
+            assert!(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
+        }
+        Self { base }
+    }
+
+    /// Address of the tile `rows` rows further on.
+    #[inline(always)]
+    pub fn after_rows(self, rows: u32) -> u32 {
+        self.base + rows * Self::ROW_BYTES
+    }
+
+    /// Address of logical 16-byte chunk `chunk` of row `row`.
+    #[inline(always)]
+    pub fn chunk_addr(self, row: u32, chunk: u32) -> u32 {
+        self.base + row * Self::ROW_BYTES + ((chunk ^ (row % 8)) << 4)
+    }
+
+    /// Address of the 4-byte word holding elements `col` and `col + 1` of `row`
+    /// (`col` even).
+    #[inline(always)]
+    pub fn pair_addr(self, row: u32, col: u32) -> u32 {
+        self.chunk_addr(row, col / 8) + (col % 8) * 2
+    }
+}

@@ -1,0 +1,78 @@
+//! Moving tiles between global and shared memory: asynchronous 16-byte
+//! `cp.async` loads into swizzled tiles, and coalesced 16-byte stores out.
+
+use crate::arch;
+use crate::layout::SmemTile;
+
+/// Issues the copies of a `[rows, HEAD_DIM]` tile whose first row is at
+/// `src` (rows `row_stride` elements apart) into `tile`. Rows at or past
+/// `valid_rows` are zero-filled without reading global memory. The caller
+/// commits the group.
+///
+/// # Safety
+/// `src` row `r` must be readable for `r < valid_rows`; `valid_rows >= 1`.
+#[inline(always)]
+/// `rows` and `threads` (the block's) are compile-time constants at every
+/// call, and the block's threads must cover whole rows per pass.
+pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
+    tile: SmemTile<HEAD_DIM>,
+    rows: u32,
+    src: *const u16,
+    row_stride: i64,
+    valid_rows: u32,
+    tid: u32,
+    threads: u32,
+) {
+    let chunks_per_row = SmemTile::<HEAD_DIM>::CHUNKS_PER_ROW;
+    // Each pass of the block covers `rows_per_pass` whole rows; a thread
+    // keeps its chunk column and walks down the rows.
+    let rows_per_pass = threads / chunks_per_row;
+    let first_row = tid / chunks_per_row;
+    let chunk = tid % chunks_per_row;
+    let mut row_ptr = src.offset(first_row as isize * row_stride as isize + (chunk * 8) as isize);
+    let pass_stride = rows_per_pass as isize * row_stride as isize;
+    let mut row = first_row;
+    for _ in 0..rows / rows_per_pass {
+        let in_bounds = row < valid_rows;
+        let from = if in_bounds { row_ptr } else { src };
+        arch::cp_async_16(
+            tile.chunk_addr(row, chunk),
+            from as *const u8,
+            if in_bounds { 16 } else { 0 },
+        );
+        row_ptr = row_ptr.wrapping_offset(pass_stride);
+        row += rows_per_pass;
+    }
+}
+
+/// Stores the warp's `16 * M_TILES` rows of `tile` to `dst` (rows `row_stride`
+/// elements apart), skipping rows at or past `valid_rows`. Lanes take
+/// consecutive chunks of a row, so each store instruction writes whole rows.
+///
+/// # Safety
+/// `dst` row `r` must be writable for `r < valid_rows`.
+#[inline(always)]
+pub unsafe fn store_rows_from_smem<const M_TILES: usize, const HEAD_DIM: usize>(
+    tile: SmemTile<HEAD_DIM>,
+    first_row: u32,
+    dst: *mut u16,
+    row_stride: i64,
+    valid_rows: u32,
+    lane: u32,
+) {
+    let chunks_per_row = SmemTile::<HEAD_DIM>::CHUNKS_PER_ROW;
+    const {
+        assert!((16 * M_TILES * HEAD_DIM / 8) % 32 == 0);
+    }
+    let rows_per_pass = 32 / chunks_per_row;
+    let chunk = lane % chunks_per_row;
+    let mut row = lane / chunks_per_row;
+    for _ in 0..(16 * M_TILES * HEAD_DIM / 8) / 32 {
+        if row < valid_rows {
+            let value = arch::ld_shared_v4(tile.chunk_addr(first_row + row, chunk));
+            let to = dst.offset(row as isize * row_stride as isize + (chunk * 8) as isize);
+            arch::st_global_v4(to as *mut u8, value);
+        }
+        row += rows_per_pass;
+    }
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Adds torch's figures to our benchmark, measured in the same run.
+
+usage: bench_torch.py OURS.jsonl [--markdown OUT.md]
+
+For every shape in OURS.jsonl (written by `bench --out`), times torch's SDPA
+with the flash backend (FlashAttention-2) and the cuDNN backend on the same
+GPU, with the same shapes and FLOP count, and prints one table with our
+ratio to each.
+"""
+import json
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+
+
+def time_sdpa(backend, row, reps=30):
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[row["dtype"]]
+    b, h, s, d = row["batch"], row["heads"], row["seqlen"], row["head_dim"]
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
+    try:
+        with sdpa_kernel([backend]):
+            for _ in range(3):
+                F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"])
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(reps):
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"])
+                stop.record()
+                stop.synchronize()
+                times.append(start.elapsed_time(stop))
+    except RuntimeError as e:
+        print(f"  {backend}: unavailable for {row}: {e}", file=sys.stderr)
+        return float("nan")
+    times.sort()
+    flops = 4 * b * h * s * s * d / (2 if row["causal"] else 1)
+    return flops / (times[len(times) // 2] * 1e-3) / 1e12
+
+
+def main():
+    rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+    md_path = sys.argv[sys.argv.index("--markdown") + 1] if "--markdown" in sys.argv else None
+    gpu = torch.cuda.get_device_name()
+    header = "| dtype | d | causal | seqlen | ours TFLOP/s | FA2 TFLOP/s | cuDNN TFLOP/s | ours/FA2 | ours/cuDNN |"
+    lines = [f"GPU: {gpu}, torch {torch.__version__}", "", header, "|" + "---|" * 9]
+    for row in rows:
+        fa2 = time_sdpa(SDPBackend.FLASH_ATTENTION, row)
+        cudnn = time_sdpa(SDPBackend.CUDNN_ATTENTION, row)
+        ours = row["tflops"]
+        lines.append(
+            f"| {row['dtype']} | {row['head_dim']} | {row['causal']} | {row['seqlen']} | {ours:.1f} | {fa2:.1f} "
+            f"| {cudnn:.1f} | {ours / fa2:.2f}x | {ours / cudnn:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

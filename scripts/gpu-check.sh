@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The full GPU check, in one call on a GPU machine with no Rust: the GPU
+# tests, compute-sanitizer memcheck on a ragged causal GQA case, and the
+# benchmark beside torch's SDPA flash (FlashAttention-2) and cuDNN backends.
+# Build the bundle first, here: `cargo xtask gpu-bundle`.
+# usage: bash gpu-bundle/gpu-check.sh [--quick-bench]   (results in $OUT or gpu-bundle/results)
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+results="${OUT:-$here/results}"
+mkdir -p "$results"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$results/gpu.txt"
+
+tests_failed=0
+tests_passed=0
+for t in "$here"/bin/test-*; do
+  name="$(basename "$t")"
+  echo "== $name"
+  if "$t" --test-threads=4 --nocapture > "$results/$name.log" 2>&1; then
+    tests_passed=$((tests_passed + 1))
+  else
+    tests_failed=$((tests_failed + 1))
+    echo "FAILED: $name"
+  fi
+  grep -E "^test result|SKIPPED|panicked|FAILED" "$results/$name.log" | head -20
+done
+
+gpu_test="$(ls "$here"/bin/test-flash-attn-tests-test-gpu_forward* | head -n1)"
+echo "== compute-sanitizer memcheck on memcheck_ragged_causal_gqa"
+if compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu_test" memcheck_ragged_causal_gqa --exact --nocapture \
+     > "$results/memcheck.log" 2>&1; then
+  memcheck="clean"
+else
+  memcheck="FAILED"
+fi
+tail -5 "$results/memcheck.log"
+
+echo "== benchmark"
+bench_args=()
+[ "${1:-}" = "--quick-bench" ] && bench_args+=(--quick)
+bench="FAILED"
+if "$here/bin/bench" --out "$results/ours.jsonl" "${bench_args[@]}" && \
+   python3 "$here/bench_torch.py" "$results/ours.jsonl" --markdown "$results/bench.md" > "$results/bench_torch.log"; then
+  bench="done"
+  cat "$results/bench.md"
+fi
+echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; memcheck $memcheck; benchmark $bench"
+[ "$tests_failed" = 0 ] && [ "$memcheck" = clean ] && [ "$bench" = done ]

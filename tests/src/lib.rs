@@ -1,0 +1,272 @@
+//! Shared code of the GPU integration tests and the benchmark: random
+//! inputs, strided uploads, and running one case against the f64 reference.
+
+use flash_attn::cust::context::Context;
+use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
+use flash_attn::cust::stream::{Stream, StreamFlags};
+use flash_attn::reference::{self, ReferenceProblem};
+use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, TensorMut};
+use rand::Rng;
+
+/// An element type under test: conversions and the error budget.
+pub trait TestElement: Element + Copy + Default {
+    /// Largest relative L2 error of O allowed against the f64 reference.
+    const O_TOLERANCE: f64;
+    /// A bit pattern that is NaN, to poison outputs.
+    const POISON: u16;
+    fn from_f32(x: f32) -> Self;
+    fn to_f64(self) -> f64;
+    fn from_bits(bits: u16) -> Self;
+}
+
+impl TestElement for f16 {
+    const O_TOLERANCE: f64 = 2e-3;
+    const POISON: u16 = 0x7e00;
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_bits(bits: u16) -> Self {
+        f16::from_bits(bits)
+    }
+}
+
+impl TestElement for bf16 {
+    const O_TOLERANCE: f64 = 1.6e-2;
+    const POISON: u16 = 0x7fc0;
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_bits(bits: u16) -> Self {
+        bf16::from_bits(bits)
+    }
+}
+
+/// Largest absolute error of a finite LSE allowed against the reference.
+pub const LSE_TOLERANCE: f64 = 2e-3;
+
+/// Says on the terminal, past the test harness's output capture, that a
+/// test did not run and why.
+fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// A CUDA context and the loaded kernels, or `None` with the reason printed
+/// when this machine has no usable GPU.
+pub fn gpu(test: &str) -> Option<(Context, FlashAttention)> {
+    let context = match flash_attn::cust::quick_init() {
+        Ok(c) => c,
+        Err(e) => {
+            skipped(test, &format!("no usable CUDA GPU ({e}); the GPU tests run on a GPU machine (see README)"));
+            return None;
+        }
+    };
+    match FlashAttention::new() {
+        Ok(attention) => Some((context, attention)),
+        Err(flash_attn::Error::UnsupportedDevice { major, minor }) => {
+            skipped(test, &format!("GPU has compute capability {major}.{minor}; the kernels need 8.0+"));
+            None
+        }
+        Err(e) => panic!("loading the kernels failed: {e}"),
+    }
+}
+
+/// Standard normal samples (Box-Muller).
+pub fn normal(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let (u, v): (f32, f32) = (rng.gen_range(f32::EPSILON..1.0), rng.gen());
+            (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+        })
+        .collect()
+}
+
+/// How a test tensor is laid out in its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Contiguous,
+    /// `[batch, heads, seqlen, d]` in memory, viewed as `[batch, seqlen, heads, d]`.
+    HeadsMajor,
+    /// Contiguous but with 8 padding elements after every head and 16 after every row.
+    Padded,
+}
+
+impl Placement {
+    /// Strides (elements) of a `[b, s, h, d]` tensor placed this way.
+    pub fn strides(self, [_, s, h, d]: [usize; 4]) -> [usize; 4] {
+        match self {
+            Placement::Contiguous => [s * h * d, h * d, d, 1],
+            Placement::HeadsMajor => [h * s * d, d, s * d, 1],
+            Placement::Padded => {
+                let head = d + 8;
+                let row = h * head + 16;
+                [s * row, row, head, 1]
+            }
+        }
+    }
+}
+
+/// A host copy of a tensor in its buffer, and its values gathered densely in f64.
+pub struct HostTensor<T> {
+    pub buffer: Vec<T>,
+    pub shape: [usize; 4],
+    pub strides: [usize; 4],
+    pub dense: Vec<f64>,
+}
+
+fn offset([b, s, h, d]: [usize; 4], strides: [usize; 4]) -> usize {
+    b * strides[0] + s * strides[1] + h * strides[2] + d * strides[3]
+}
+
+fn span(shape: [usize; 4], strides: [usize; 4]) -> usize {
+    offset(shape.map(|n| n - 1), strides) + 1
+}
+
+/// Every index of a `[b, s, h, d]` shape, in row-major order.
+fn indices(shape: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
+    let [nb, ns, nh, nd] = shape;
+    (0..nb).flat_map(move |b| (0..ns).flat_map(move |s| (0..nh).flat_map(move |h| (0..nd).map(move |d| [b, s, h, d]))))
+}
+
+/// Fresh random normal values (every buffer element, padding too).
+pub fn random_tensor<T: TestElement>(rng: &mut impl Rng, shape: [usize; 4], placement: Placement) -> HostTensor<T> {
+    let strides = placement.strides(shape);
+    let buffer: Vec<T> = normal(rng, span(shape, strides)).into_iter().map(T::from_f32).collect();
+    let dense = indices(shape).map(|i| buffer[offset(i, strides)].to_f64()).collect();
+    HostTensor { buffer, shape, strides, dense }
+}
+
+/// One test case.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub softmax_scale: Option<f32>,
+    pub placement: Placement,
+}
+
+/// What one case measured.
+#[derive(Debug)]
+pub struct CaseResult {
+    pub o_error: f64,
+    pub lse_max_error: f64,
+}
+
+/// The random inputs of one case.
+pub struct Inputs<T> {
+    pub q: HostTensor<T>,
+    pub k: HostTensor<T>,
+    pub v: HostTensor<T>,
+}
+
+/// Fresh random inputs for `case`.
+pub fn random_inputs<T: TestElement>(case: &Case, rng: &mut impl Rng) -> Inputs<T> {
+    let kv_shape = [case.batch, case.seqlen_k, case.heads_kv, case.head_dim];
+    Inputs {
+        q: random_tensor(rng, [case.batch, case.seqlen_q, case.heads_q, case.head_dim], case.placement),
+        k: random_tensor(rng, kv_shape, case.placement),
+        v: random_tensor(rng, kv_shape, case.placement),
+    }
+}
+
+/// Runs `case` on the GPU into NaN-poisoned outputs; returns O gathered
+/// densely (`[b, sq, hq, d]`) and the LSE.
+pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &Inputs<T>) -> (Vec<f64>, Vec<f32>) {
+    let Inputs { q, k, v } = inputs;
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
+    let upload = |t: &HostTensor<T>| DeviceBuffer::from_slice(&t.buffer).expect("upload");
+    let (q_dev, k_dev, v_dev) = (upload(q), upload(k), upload(v));
+    let o_strides = case.placement.strides(q.shape);
+    let mut o_dev = DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); span(q.shape, o_strides)]).expect("o");
+    let lse_len = case.batch * case.heads_q * case.seqlen_q;
+    let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; lse_len]).expect("lse");
+
+    let params = AttentionParams { causal: case.causal, softmax_scale: case.softmax_scale };
+    attention
+        .forward_into(
+            Tensor::strided(&q_dev, q.shape, q.strides),
+            Tensor::strided(&k_dev, k.shape, k.strides),
+            Tensor::strided(&v_dev, v.shape, v.strides),
+            TensorMut::strided(&mut o_dev, q.shape, o_strides),
+            &mut lse_dev,
+            &params,
+            &stream,
+        )
+        .unwrap_or_else(|e| panic!("{case:?}: forward refused: {e}"));
+    stream.synchronize().unwrap_or_else(|e| panic!("{case:?}: kernel failed: {e}"));
+
+    let mut o_host = vec![T::default(); o_dev.len()];
+    o_dev.copy_to(&mut o_host[..]).expect("download o");
+    let mut lse = vec![0f32; lse_len];
+    lse_dev.copy_to(&mut lse[..]).expect("download lse");
+    let o = indices(q.shape).map(|i| o_host[offset(i, o_strides)].to_f64()).collect();
+    (o, lse)
+}
+
+/// Checks a GPU result against the f64 reference; panics, naming the case,
+/// on any failure.
+pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[f32]) -> CaseResult {
+    let problem = ReferenceProblem {
+        batch: case.batch,
+        seqlen_q: case.seqlen_q,
+        seqlen_k: case.seqlen_k,
+        heads_q: case.heads_q,
+        heads_kv: case.heads_kv,
+        head_dim: case.head_dim,
+        causal: case.causal,
+        softmax_scale: case.softmax_scale.map_or(1.0 / (case.head_dim as f64).sqrt(), f64::from),
+    };
+    let expected = reference::attention(&problem, &inputs.q.dense, &inputs.k.dense, &inputs.v.dense);
+    if let Some(bad) = o.iter().position(|x| !x.is_finite()) {
+        panic!("{case:?}: O[{bad}] = {} is not finite (unwritten or NaN)", o[bad]);
+    }
+    let o_error = if expected.o.iter().all(|&x| x == 0.0) {
+        // Every row masked: O must be exactly zero.
+        assert!(o.iter().all(|&x| x == 0.0), "{case:?}: rows that see no key must give O = 0");
+        0.0
+    } else {
+        reference::relative_l2_error(o, &expected.o)
+    };
+    assert!(o_error < T::O_TOLERANCE, "{case:?} {}: relative L2 error of O {o_error:.3e} >= {:.1e}", <T as Element>::NAME, T::O_TOLERANCE);
+
+    let mut lse_max_error = 0f64;
+    for (i, (&got, &want)) in lse.iter().zip(&expected.lse).enumerate() {
+        if want == f64::NEG_INFINITY {
+            assert!(got == f32::NEG_INFINITY, "{case:?}: LSE[{i}] = {got}, expected -inf (row sees no key)");
+        } else {
+            let err = (got as f64 - want).abs();
+            assert!(err.is_finite() && err <= LSE_TOLERANCE, "{case:?}: LSE[{i}] = {got}, expected {want}");
+            lse_max_error = lse_max_error.max(err);
+        }
+    }
+    CaseResult { o_error, lse_max_error }
+}
+
+/// Runs `case` with fresh random inputs and checks it against the reference.
+pub fn run_case<T: TestElement>(attention: &FlashAttention, case: &Case, rng: &mut impl Rng) -> CaseResult {
+    let inputs = random_inputs::<T>(case, rng);
+    let (o, lse) = launch(attention, case, &inputs);
+    check(case, &inputs, &o, &lse)
+}
+
+/// Runs `case` twice on the same inputs and asserts bit-identical outputs,
+/// which a race between warps would break.
+pub fn assert_deterministic<T: TestElement>(attention: &FlashAttention, case: &Case, rng: &mut impl Rng) {
+    let inputs = random_inputs::<T>(case, rng);
+    let (o1, lse1) = launch(attention, case, &inputs);
+    let (o2, lse2) = launch(attention, case, &inputs);
+    check(case, &inputs, &o1, &lse1);
+    assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()), "{case:?}: O differs between two runs");
+    assert!(lse1.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits()), "{case:?}: LSE differs between two runs");
+}

@@ -1,0 +1,223 @@
+//! Workspace tasks: `cargo xtask build-ptx [--check] [--require-ptxas]` and
+//! `cargo xtask gpu-bundle`.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{exit, Command};
+
+const PTX_TARGET: &str = "nvptx64-nvidia-cuda";
+/// The PTX targets sm_80 and runs on A100, H100 and H200 (the driver
+/// compiles it for the GPU at load).
+const PTX_ARCH: &str = "sm_80";
+/// Architectures ptxas checks the PTX for.
+const PTXAS_ARCHES: [&str; 2] = ["sm_80", "sm_90"];
+/// Committed PTX that `host` embeds.
+const COMMITTED_PTX: &str = "host/kernels.ptx";
+
+fn main() {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("build-ptx") => {
+            let check = args.iter().any(|a| a == "--check");
+            let require_ptxas = args.iter().any(|a| a == "--require-ptxas");
+            build_ptx(check, require_ptxas)
+        }
+        Some("gpu-bundle") => gpu_bundle(),
+        _ => Err("usage: cargo xtask build-ptx [--check] [--require-ptxas] | cargo xtask gpu-bundle".into()),
+    };
+    if let Err(message) = result {
+        eprintln!("xtask: error: {message}");
+        exit(1);
+    }
+}
+
+type Result<T> = std::result::Result<T, String>;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed with {status}"))
+    }
+}
+
+/// Compiles `kernels/` to PTX and returns its text.
+fn compile_kernels(root: &Path) -> Result<String> {
+    let target_dir = root.join("target/ptx");
+    // The LLVM unroll threshold is raised so that every loop over fragments
+    // unrolls: a loop left rolled indexes the accumulator arrays at run time
+    // and sends them to local memory (ptxas then reports a stack frame).
+    let rustflags = format!("target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={PTX_ARCH}\",\"-Cllvm-args=-unroll-threshold=1000\"]");
+    run(Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root.join("kernels"))
+        .args(["build", "--release", "--target", PTX_TARGET, "-Zbuild-std=core", "--config", &rustflags])
+        .arg("--target-dir")
+        .arg(&target_dir))?;
+    let ptx_path = target_dir.join(PTX_TARGET).join("release/flash_attn_kernels.ptx");
+    fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))
+}
+
+fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
+    let root = workspace_root();
+    let ptx = compile_kernels(&root)?;
+    let committed_path = root.join(COMMITTED_PTX);
+    if check {
+        let committed = fs::read_to_string(&committed_path).unwrap_or_default();
+        if committed != ptx {
+            return Err(format!(
+                "{COMMITTED_PTX} is stale: it differs from what kernels/ compiles to; run `cargo xtask build-ptx` and commit it"
+            ));
+        }
+        println!("xtask: {COMMITTED_PTX} is fresh ({} bytes)", ptx.len());
+    } else {
+        fs::write(&committed_path, &ptx).map_err(|e| format!("cannot write {}: {e}", committed_path.display()))?;
+        println!("xtask: wrote {COMMITTED_PTX} ({} bytes)", ptx.len());
+    }
+    check_resources(&root, &committed_path, require_ptxas)
+}
+
+fn find_ptxas(root: &Path) -> Option<PathBuf> {
+    if let Ok(p) = env::var("PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = root.join(".tools/venv/lib");
+    let in_venv = fs::read_dir(&venv).ok().and_then(|entries| {
+        entries
+            .flatten()
+            .map(|python| python.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas"))
+            .find(|p| p.is_file())
+    });
+    in_venv.or_else(|| {
+        env::var_os("PATH").and_then(|paths| env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file()))
+    })
+}
+
+/// One kernel's line of the ptxas report.
+#[derive(Default, Debug)]
+struct Resources {
+    name: String,
+    registers: u32,
+    stack_frame: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+    shared: u32,
+}
+
+fn number_before(line: &str, unit: &str) -> Option<u32> {
+    let end = line.find(unit)?;
+    line[..end].split_whitespace().last()?.parse().ok()
+}
+
+fn parse_ptxas_report(report: &str) -> Vec<Resources> {
+    let mut kernels: Vec<Resources> = Vec::new();
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            kernels.push(Resources { name: rest.split('\'').next().unwrap_or("").into(), ..Default::default() });
+        } else if let Some(current) = kernels.last_mut() {
+            if line.contains("bytes stack frame") {
+                current.stack_frame = number_before(line, "bytes stack frame").unwrap_or(0);
+                current.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+                current.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used") && line.contains("registers") {
+                current.registers = number_before(line, "registers").unwrap_or(0);
+                current.shared = number_before(line, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    kernels
+}
+
+fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
+    let Some(ptxas) = find_ptxas(root) else {
+        if require_ptxas {
+            return Err("ptxas not found (set PTXAS or run scripts/setup.sh)".into());
+        }
+        println!("xtask: ptxas not found: resource check NOT run (set PTXAS or run scripts/setup.sh)");
+        return Ok(());
+    };
+    let mut failures = Vec::new();
+    for arch in PTXAS_ARCHES {
+        let out_file = root.join("target/ptx").join(format!("kernels.{arch}.cubin"));
+        let output = Command::new(&ptxas)
+            .args(["-v", &format!("-arch={arch}"), "-o"])
+            .arg(&out_file)
+            .arg(ptx)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+        let report = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            return Err(format!("ptxas -arch={arch} failed:\n{report}"));
+        }
+        let kernels = parse_ptxas_report(&report);
+        if kernels.is_empty() {
+            return Err(format!("ptxas -arch={arch} reported no kernels:\n{report}"));
+        }
+        println!("ptxas {arch}: {:<28} {:>5} {:>6} {:>7} {:>7}", "kernel", "regs", "stack", "spill-st", "spill-ld");
+        for k in &kernels {
+            println!(
+                "ptxas {arch}: {:<28} {:>5} {:>6} {:>7} {:>7}",
+                k.name, k.registers, k.stack_frame, k.spill_stores, k.spill_loads
+            );
+            if k.name.starts_with("flash_fwd") && (k.stack_frame > 0 || k.spill_stores > 0 || k.spill_loads > 0) {
+                failures.push(format!("{arch} {}: stack frame {} B, spills {}/{} B", k.name, k.stack_frame, k.spill_stores, k.spill_loads));
+            }
+        }
+    }
+    if failures.is_empty() {
+        println!("xtask: ptxas: no spills and no stack frame in any attention kernel");
+        Ok(())
+    } else {
+        Err(format!("attention kernels use local memory:\n  {}", failures.join("\n  ")))
+    }
+}
+
+/// Builds the GPU test and benchmark executables (release) into
+/// `gpu-bundle/` with `scripts/gpu-check.sh`, ready to carry to a GPU machine
+/// that has no Rust.
+fn gpu_bundle() -> Result<()> {
+    let root = workspace_root();
+    let bundle = root.join("gpu-bundle");
+    let _ = fs::remove_dir_all(&bundle);
+    fs::create_dir_all(bundle.join("bin")).map_err(|e| e.to_string())?;
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["test", "--release", "--no-run", "--message-format=json", "-p", "flash-attn-tests", "-p", "flash-attn"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !output.status.success() {
+        return Err(format!("building tests failed:\n{}", String::from_utf8_lossy(&output.stderr)));
+    }
+    let mut copied = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(exe), Some(name)) = (message["executable"].as_str(), message["target"]["name"].as_str()) else {
+            continue;
+        };
+        let kind = message["target"]["kind"][0].as_str().unwrap_or("");
+        let dest = bundle.join("bin").join(format!("test-{}-{kind}-{name}", message["package_id"].as_str().map(package_name).unwrap_or("x")));
+        fs::copy(exe, &dest).map_err(|e| format!("copy {exe}: {e}"))?;
+        copied.push(dest);
+    }
+    run(Command::new(&cargo).current_dir(&root).args(["build", "--release", "-p", "flash-attn-tests", "--bin", "bench"]))?;
+    fs::copy(root.join("target/release/bench"), bundle.join("bin/bench")).map_err(|e| e.to_string())?;
+    for script in ["gpu-check.sh", "bench_torch.py"] {
+        fs::copy(root.join("scripts").join(script), bundle.join(script)).map_err(|e| format!("{script}: {e}"))?;
+    }
+    println!("xtask: gpu-bundle/ holds {} test executables, bin/bench and gpu-check.sh", copied.len());
+    println!("xtask: on the GPU machine run: bash gpu-bundle/gpu-check.sh");
+    Ok(())
+}
+
+/// `path+file:///.../host#flash-attn@0.1.0` -> `flash-attn`.
+fn package_name(id: &str) -> &str {
+    let tail = id.rsplit('#').next().unwrap_or(id);
+    tail.split('@').next().unwrap_or(tail)
+}
