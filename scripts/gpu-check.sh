@@ -8,6 +8,7 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${OUT:-$here/results}"
 mkdir -p "$results"
+rm -f "$results/tests.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$results/gpu.txt"
 
 tests_failed=0
@@ -15,13 +16,15 @@ tests_passed=0
 for t in "$here"/bin/test-*; do
   name="$(basename "$t")"
   echo "== $name"
-  if "$t" --test-threads=4 --nocapture > "$results/$name.log" 2>&1; then
+  if "$t" --test-threads=4 --nocapture > "$results/$name.log.tmp" 2>&1; then
     tests_passed=$((tests_passed + 1))
   else
     tests_failed=$((tests_failed + 1))
     echo "FAILED: $name"
   fi
-  grep -E "^test result|SKIPPED|panicked|FAILED" "$results/$name.log" | head -20
+  grep -E "^test result|SKIPPED|panicked|FAILED" "$results/$name.log.tmp" | head -20
+  { echo "== $name"; cat "$results/$name.log.tmp"; } >> "$results/tests.log"
+  rm "$results/$name.log.tmp"
 done
 
 gpu_test="$(ls "$here"/bin/test-flash-attn-tests-test-gpu_forward* | head -n1)"

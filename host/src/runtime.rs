@@ -2,10 +2,10 @@
 
 use std::ffi::c_void;
 
+use cust::context::CurrentContext;
 use cust::device::DeviceAttribute;
 use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use cust::module::Module;
-use cust::context::CurrentContext;
 use cust::stream::Stream;
 
 use crate::error::{Error, Result};
@@ -54,16 +54,27 @@ pub struct Tensor<'a, T: Element> {
 impl<'a, T: Element> Tensor<'a, T> {
     /// A densely packed tensor of `shape` at the start of `buffer`.
     pub fn new(buffer: &'a DeviceSlice<T>, shape: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::contiguous(shape) }
+        Self {
+            buffer,
+            layout: Layout::contiguous(shape),
+        }
     }
 
     /// A tensor with explicit strides, in elements.
     pub fn strided(buffer: &'a DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::strided(shape, strides) }
+        Self {
+            buffer,
+            layout: Layout::strided(shape, strides),
+        }
     }
 
     fn placed(&self, name: &'static str) -> Placed {
-        Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
+        Placed {
+            name,
+            layout: self.layout,
+            addr: self.buffer.as_device_ptr().as_raw(),
+            buffer_len: self.buffer.len(),
+        }
     }
 }
 
@@ -76,12 +87,18 @@ pub struct TensorMut<'a, T: Element> {
 impl<'a, T: Element> TensorMut<'a, T> {
     /// A densely packed tensor of `shape` at the start of `buffer`.
     pub fn new(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::contiguous(shape) }
+        Self {
+            buffer,
+            layout: Layout::contiguous(shape),
+        }
     }
 
     /// A tensor with explicit strides, in elements.
     pub fn strided(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::strided(shape, strides) }
+        Self {
+            buffer,
+            layout: Layout::strided(shape, strides),
+        }
     }
 }
 
@@ -125,7 +142,10 @@ impl FlashAttention {
                 )
             };
             if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-                return Err(Error::DriverCall { call: "cuFuncSetAttribute", code: status as u32 });
+                return Err(Error::DriverCall {
+                    call: "cuFuncSetAttribute",
+                    code: status as u32,
+                });
             }
         }
         Ok(Self { module })
@@ -144,12 +164,33 @@ impl FlashAttention {
         let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
         let len = batch * seqlen_q * heads_q * head_dim;
         // Validate before allocating, so that bad input allocates nothing.
-        let dummy_o = Placed { name: "o", layout: Layout::contiguous(q.layout.shape), addr: u64::MAX & !15, buffer_len: len };
-        validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &dummy_o, 0, batch * heads_q * seqlen_q, params)?;
+        let dummy_o = Placed {
+            name: "o",
+            layout: Layout::contiguous(q.layout.shape),
+            // The top of the address space: 16-byte aligned, overlapping no input.
+            addr: !15,
+            buffer_len: len,
+        };
+        validate(
+            &q.placed("q"),
+            &k.placed("k"),
+            &v.placed("v"),
+            &dummy_o,
+            0,
+            batch * heads_q * seqlen_q,
+            params,
+        )?;
         let mut o = unsafe { DeviceBuffer::<T>::uninitialized(len)? };
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(batch * heads_q * seqlen_q)? };
-        let problem =
-            self.forward_into(q, k, v, TensorMut::new(&mut o, [batch, seqlen_q, heads_q, head_dim]), &mut lse, params, stream)?;
+        let problem = self.forward_into(
+            q,
+            k,
+            v,
+            TensorMut::new(&mut o, [batch, seqlen_q, heads_q, head_dim]),
+            &mut lse,
+            params,
+            stream,
+        )?;
         Ok(Output { o, lse, problem })
     }
 
@@ -166,8 +207,12 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Problem> {
-        let o_placed =
-            Placed { name: "o", layout: o.layout, addr: o.buffer.as_device_ptr().as_raw(), buffer_len: o.buffer.len() };
+        let o_placed = Placed {
+            name: "o",
+            layout: o.layout,
+            addr: o.buffer.as_device_ptr().as_raw(),
+            buffer_len: o.buffer.len(),
+        };
         let (mut args, problem) = validate(
             &q.placed("q"),
             &k.placed("k"),
@@ -185,9 +230,54 @@ impl FlashAttention {
             if params.causal { "causal" } else { "full" }
         );
         let function = self.module.get_function(&name)?;
-        let grid = (problem.seqlen_q.div_ceil(config.block_m as usize) as u32, problem.heads_q as u32, problem.batch as u32);
+        let grid = (
+            problem.seqlen_q.div_ceil(config.block_m as usize) as u32,
+            problem.heads_q as u32,
+            problem.batch as u32,
+        );
         let arg_ptr = &mut args as *mut _ as *mut c_void;
-        unsafe { stream.launch(&function, grid, config.threads(), config.smem_bytes(), &[arg_ptr])? };
+        unsafe {
+            stream.launch(
+                &function,
+                grid,
+                config.threads(),
+                config.smem_bytes(),
+                &[arg_ptr],
+            )?
+        };
         Ok(problem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_ptx_exports_every_kernel_for_sm_80() {
+        assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");
+        for name in KERNEL_NAMES {
+            assert!(
+                PTX.contains(&format!(".visible .entry {name}(")),
+                "{name} missing from the embedded PTX"
+            );
+        }
+        assert_eq!(PTX.matches(".visible .entry").count(), KERNEL_NAMES.len());
+    }
+
+    #[test]
+    fn every_kernel_has_a_tile_config_that_fits_shared_memory() {
+        for name in KERNEL_NAMES {
+            let head_dim = if name.contains("_d64_") { 64 } else { 128 };
+            let config = tile_config(head_dim).unwrap();
+            assert_eq!(config.head_dim as usize, head_dim);
+            // sm_80 allows 163 KiB of dynamic shared memory per block.
+            assert!(
+                config.smem_bytes() <= 163 * 1024,
+                "{name}: {} bytes",
+                config.smem_bytes()
+            );
+            assert_eq!(config.block_m, config.warps * 16 * config.m_tiles);
+        }
     }
 }

@@ -16,7 +16,10 @@ impl Layout {
     /// A densely packed, row-major layout of `shape`.
     pub fn contiguous(shape: [usize; 4]) -> Self {
         let [_, s, h, d] = shape;
-        Layout { shape, strides: [s * h * d, h * d, d, 1] }
+        Layout {
+            shape,
+            strides: [s * h * d, h * d, d, 1],
+        }
     }
 
     /// A layout with the given strides.
@@ -92,19 +95,40 @@ fn check_tensor(t: &Placed) -> Result<()> {
         return Err(Error::EmptyTensor { tensor: t.name });
     }
     if t.layout.strides[3] != 1 {
-        return Err(Error::LastDimNotContiguous { tensor: t.name, stride: t.layout.strides[3] });
+        return Err(Error::LastDimNotContiguous {
+            tensor: t.name,
+            stride: t.layout.strides[3],
+        });
     }
     if t.addr % 16 != 0 {
-        return Err(Error::Misaligned { tensor: t.name, what: "the base address" });
+        return Err(Error::Misaligned {
+            tensor: t.name,
+            what: "the base address",
+        });
     }
-    for (stride, what) in t.layout.strides[..3].iter().zip(["the batch stride", "the seqlen stride", "the heads stride"]) {
+    for (stride, what) in t.layout.strides[..3].iter().zip([
+        "the batch stride",
+        "the seqlen stride",
+        "the heads stride",
+    ]) {
         if stride % 8 != 0 {
-            return Err(Error::Misaligned { tensor: t.name, what });
+            return Err(Error::Misaligned {
+                tensor: t.name,
+                what,
+            });
         }
     }
-    let needed = t.layout.span().ok_or(Error::TooLarge { what: "view span", value: usize::MAX, max: isize::MAX as usize })?;
+    let needed = t.layout.span().ok_or(Error::TooLarge {
+        what: "view span",
+        value: usize::MAX,
+        max: isize::MAX as usize,
+    })?;
     if needed > t.buffer_len {
-        return Err(Error::OutOfBounds { tensor: t.name, needed, len: t.buffer_len });
+        return Err(Error::OutOfBounds {
+            tensor: t.name,
+            needed,
+            len: t.buffer_len,
+        });
     }
     Ok(())
 }
@@ -143,7 +167,10 @@ pub fn validate(
     let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
     let [batch_k, seqlen_k, heads_kv, head_dim_k] = k.layout.shape;
     if v.layout.shape != k.layout.shape {
-        return Err(Error::ShapeMismatch(format!("k is {:?} but v is {:?}", k.layout.shape, v.layout.shape)));
+        return Err(Error::ShapeMismatch(format!(
+            "k is {:?} but v is {:?}",
+            k.layout.shape, v.layout.shape
+        )));
     }
     if batch_k != batch || head_dim_k != head_dim {
         return Err(Error::ShapeMismatch(format!(
@@ -152,7 +179,10 @@ pub fn validate(
         )));
     }
     if o.layout.shape != q.layout.shape {
-        return Err(Error::ShapeMismatch(format!("o is {:?} but q is {:?}", o.layout.shape, q.layout.shape)));
+        return Err(Error::ShapeMismatch(format!(
+            "o is {:?} but q is {:?}",
+            o.layout.shape, q.layout.shape
+        )));
     }
     let config = tile_config(head_dim)?;
     if heads_q % heads_kv != 0 {
@@ -169,15 +199,24 @@ pub fn validate(
         )));
     }
     if lse_addr % 4 != 0 {
-        return Err(Error::Misaligned { tensor: "lse", what: "the base address" });
+        return Err(Error::Misaligned {
+            tensor: "lse",
+            what: "the base address",
+        });
     }
     let outputs = [bytes(o.addr, o.buffer_len, 2), bytes(lse_addr, lse_len, 4)];
     if overlaps(&outputs[0], &outputs[1])
-        || [q, k, v].iter().any(|t| outputs.iter().any(|out| overlaps(out, &bytes(t.addr, t.buffer_len, 2))))
+        || [q, k, v].iter().any(|t| {
+            outputs
+                .iter()
+                .any(|out| overlaps(out, &bytes(t.addr, t.buffer_len, 2)))
+        })
     {
         return Err(Error::Aliasing);
     }
-    let scale = params.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+    let scale = params
+        .softmax_scale
+        .unwrap_or(1.0 / (head_dim as f32).sqrt());
     if !(scale.is_finite() && scale > 0.0) {
         return Err(Error::InvalidScale(scale));
     }
@@ -213,6 +252,291 @@ pub fn validate(
         scale_log2: scale * std::f32::consts::LOG2_E,
         _pad: 0,
     };
-    let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+    let problem = Problem {
+        batch,
+        seqlen_q,
+        seqlen_k,
+        heads_q,
+        heads_kv,
+        head_dim,
+    };
     Ok((forward, problem))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A valid contiguous tensor of `shape` at `addr`, with an exact-size buffer.
+    fn tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
+        let layout = Layout::contiguous(shape);
+        Placed {
+            name,
+            layout,
+            addr,
+            buffer_len: layout.span().unwrap(),
+        }
+    }
+
+    struct Call {
+        q: Placed,
+        k: Placed,
+        v: Placed,
+        o: Placed,
+        lse_addr: u64,
+        lse_len: usize,
+        params: AttentionParams,
+    }
+
+    impl Call {
+        /// q [2, 100, 8, d], k/v [2, 37, 2, d] (GQA 4:1), at disjoint addresses.
+        fn new(head_dim: usize) -> Self {
+            Call {
+                q: tensor("q", [2, 100, 8, head_dim], 0),
+                k: tensor("k", [2, 37, 2, head_dim], 16 * MIB),
+                v: tensor("v", [2, 37, 2, head_dim], 32 * MIB),
+                o: tensor("o", [2, 100, 8, head_dim], 48 * MIB),
+                lse_addr: 64 * MIB,
+                lse_len: 2 * 8 * 100,
+                params: AttentionParams::default(),
+            }
+        }
+
+        fn run(&self) -> Result<(ForwardParams, Problem)> {
+            validate(
+                &self.q,
+                &self.k,
+                &self.v,
+                &self.o,
+                self.lse_addr,
+                self.lse_len,
+                &self.params,
+            )
+        }
+    }
+
+    #[test]
+    fn accepts_a_valid_gqa_call_and_builds_its_arguments() {
+        let call = Call::new(128);
+        let (args, problem) = call.run().expect("valid call");
+        assert_eq!(
+            problem,
+            Problem {
+                batch: 2,
+                seqlen_q: 100,
+                seqlen_k: 37,
+                heads_q: 8,
+                heads_kv: 2,
+                head_dim: 128
+            }
+        );
+        assert_eq!(args.heads_per_kv, 4);
+        assert_eq!((args.seqlen_q, args.seqlen_k, args.heads_q), (100, 37, 8));
+        assert_eq!(
+            (args.q_batch_stride, args.q_row_stride, args.q_head_stride),
+            (100 * 8 * 128, 8 * 128, 128)
+        );
+        assert_eq!(
+            (args.k_batch_stride, args.k_row_stride, args.k_head_stride),
+            (37 * 2 * 128, 2 * 128, 128)
+        );
+        assert_eq!(args.k as u64, 16 * MIB);
+        assert_eq!(args.lse as u64, 64 * MIB);
+        approx::assert_relative_eq!(
+            args.scale_log2,
+            std::f32::consts::LOG2_E / 128f32.sqrt(),
+            max_relative = 1e-6
+        );
+    }
+
+    #[test]
+    fn explicit_scale_is_folded_with_log2e() {
+        let mut call = Call::new(64);
+        call.params.softmax_scale = Some(0.5);
+        let (args, _) = call.run().unwrap();
+        approx::assert_relative_eq!(args.scale_log2, 0.5 * std::f32::consts::LOG2_E);
+    }
+
+    #[test]
+    fn rejects_unsupported_head_dims() {
+        for d in [32, 96, 256] {
+            assert_eq!(
+                Call::new(d).run().unwrap_err(),
+                Error::UnsupportedHeadDim(d)
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_empty_tensors() {
+        let mut call = Call::new(64);
+        call.k = tensor("k", [2, 0, 2, 64], 16 * MIB);
+        call.v = tensor("v", [2, 0, 2, 64], 32 * MIB);
+        assert_eq!(call.run().unwrap_err(), Error::EmptyTensor { tensor: "k" });
+    }
+
+    #[test]
+    fn rejects_mismatched_shapes() {
+        let mut call = Call::new(64);
+        call.v = tensor("v", [2, 38, 2, 64], 32 * MIB);
+        assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("v is")));
+        let mut call = Call::new(64);
+        call.k = tensor("k", [3, 37, 2, 64], 16 * MIB);
+        call.v = tensor("v", [3, 37, 2, 64], 32 * MIB);
+        assert!(
+            matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("batch and head_dim"))
+        );
+        let mut call = Call::new(64);
+        call.o = tensor("o", [2, 99, 8, 64], 48 * MIB);
+        assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("o is")));
+        let mut call = Call::new(64);
+        call.lse_len -= 1;
+        assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("lse")));
+    }
+
+    #[test]
+    fn rejects_heads_not_divisible() {
+        let mut call = Call::new(64);
+        call.k = tensor("k", [2, 37, 3, 64], 16 * MIB);
+        call.v = tensor("v", [2, 37, 3, 64], 32 * MIB);
+        assert_eq!(
+            call.run().unwrap_err(),
+            Error::HeadsNotDivisible {
+                heads_q: 8,
+                heads_kv: 3
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_non_contiguous_last_dim() {
+        let mut call = Call::new(64);
+        call.q.layout.strides[3] = 2;
+        call.q.buffer_len = call.q.layout.span().unwrap();
+        assert_eq!(
+            call.run().unwrap_err(),
+            Error::LastDimNotContiguous {
+                tensor: "q",
+                stride: 2
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_misaligned_pointers_and_strides() {
+        let mut call = Call::new(64);
+        call.v.addr += 8;
+        assert_eq!(
+            call.run().unwrap_err(),
+            Error::Misaligned {
+                tensor: "v",
+                what: "the base address"
+            }
+        );
+        let mut call = Call::new(64);
+        call.k.layout.strides[1] += 4;
+        call.k.buffer_len = call.k.layout.span().unwrap();
+        assert_eq!(
+            call.run().unwrap_err(),
+            Error::Misaligned {
+                tensor: "k",
+                what: "the seqlen stride"
+            }
+        );
+        let mut call = Call::new(64);
+        call.lse_addr += 2;
+        assert_eq!(
+            call.run().unwrap_err(),
+            Error::Misaligned {
+                tensor: "lse",
+                what: "the base address"
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_views_past_their_buffer() {
+        let mut call = Call::new(64);
+        call.o.buffer_len -= 1;
+        let needed = call.o.layout.span().unwrap();
+        assert_eq!(
+            call.run().unwrap_err(),
+            Error::OutOfBounds {
+                tensor: "o",
+                needed,
+                len: needed - 1
+            }
+        );
+    }
+
+    #[test]
+    fn accepts_padded_and_permuted_strides() {
+        let mut call = Call::new(128);
+        // q stored [batch, heads, seqlen, d]; k rows padded by 16 elements.
+        call.q.layout = Layout::strided([2, 100, 8, 128], [8 * 100 * 128, 128, 100 * 128, 1]);
+        call.k.layout = Layout::strided([2, 37, 2, 128], [37 * 272, 272, 128, 1]);
+        call.k.buffer_len = call.k.layout.span().unwrap();
+        let (args, _) = call.run().expect("strided call");
+        assert_eq!((args.q_row_stride, args.q_head_stride), (128, 100 * 128));
+        assert_eq!(args.k_row_stride, 272);
+    }
+
+    #[test]
+    fn rejects_sizes_past_the_kernel_index_range() {
+        let mut call = Call::new(64);
+        call.q.layout = Layout::strided([1, 8, 70_000, 64], [0, 70_000 * 64, 64, 1]);
+        call.q.buffer_len = usize::MAX;
+        call.o = call.q;
+        call.o.name = "o";
+        call.o.addr = 1 << 40;
+        call.k.layout.shape[0] = 1;
+        call.v.layout.shape[0] = 1;
+        call.lse_len = usize::MAX / 8;
+        call.lse_addr = 1 << 50;
+        assert_eq!(
+            call.run().unwrap_err(),
+            Error::TooLarge {
+                what: "heads_q",
+                value: 70_000,
+                max: MAX_GRID_YZ
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_outputs_overlapping_inputs() {
+        let mut call = Call::new(64);
+        call.o.addr = call.q.addr + 64;
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        let mut call = Call::new(64);
+        call.lse_addr = call.o.addr;
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+    }
+
+    #[test]
+    fn rejects_bad_scales() {
+        for scale in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let mut call = Call::new(64);
+            call.params.softmax_scale = Some(scale);
+            assert!(
+                matches!(call.run().unwrap_err(), Error::InvalidScale(_)),
+                "scale {scale}"
+            );
+        }
+    }
+
+    #[test]
+    fn span_counts_the_last_element_and_overflow() {
+        assert_eq!(Layout::contiguous([2, 3, 4, 8]).span(), Some(2 * 3 * 4 * 8));
+        assert_eq!(
+            Layout::strided([2, 3, 4, 8], [1000, 100, 10, 1]).span(),
+            Some(1000 + 200 + 30 + 7 + 1)
+        );
+        assert_eq!(
+            Layout::strided([2, 2, 2, 2], [usize::MAX, 1, 1, 1]).span(),
+            None
+        );
+    }
 }

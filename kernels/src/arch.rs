@@ -17,7 +17,9 @@ core::arch::global_asm!(".extern .shared .align 128 .b8 DYNAMIC_SMEM[];");
 #[inline(always)]
 pub fn dynamic_smem_base() -> u32 {
     let base: u32;
-    unsafe { asm!("mov.u32 {r}, DYNAMIC_SMEM;", r = out(reg32) base, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("mov.u32 {r}, DYNAMIC_SMEM;", r = out(reg32) base, options(pure, nomem, nostack))
+    };
     base
 }
 
@@ -38,19 +40,29 @@ macro_rules! special_register {
 
 special_register!(
     /// `%tid.x`: the thread's index in its block.
-    thread_idx_x, "%tid.x");
+    thread_idx_x,
+    "%tid.x"
+);
 special_register!(
     /// `%ctaid.x`: the block's index along x.
-    block_idx_x, "%ctaid.x");
+    block_idx_x,
+    "%ctaid.x"
+);
 special_register!(
     /// `%ctaid.y`: the block's index along y.
-    block_idx_y, "%ctaid.y");
+    block_idx_y,
+    "%ctaid.y"
+);
 special_register!(
     /// `%ctaid.z`: the block's index along z.
-    block_idx_z, "%ctaid.z");
+    block_idx_z,
+    "%ctaid.z"
+);
 special_register!(
     /// `%nctaid.x`: the number of blocks along x.
-    grid_dim_x, "%nctaid.x");
+    grid_dim_x,
+    "%nctaid.x"
+);
 
 /// `bar.sync 0`: block-wide barrier; also orders shared-memory accesses.
 #[inline(always)]
@@ -150,10 +162,14 @@ macro_rules! mma_m16n8k16 {
 
 mma_m16n8k16!(
     /// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`: `acc += a * b`.
-    mma_f16, "f16");
+    mma_f16,
+    "f16"
+);
 mma_m16n8k16!(
     /// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`: `acc += a * b`.
-    mma_bf16, "bf16");
+    mma_bf16,
+    "bf16"
+);
 
 /// `shfl.sync.bfly.b32` over the full warp: the value of lane `lane ^ mask`.
 #[inline(always)]
@@ -173,7 +189,9 @@ pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
 #[inline(always)]
 pub fn exp2(x: f32) -> f32 {
     let r: f32;
-    unsafe { asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
+    };
     r
 }
 
@@ -181,7 +199,9 @@ pub fn exp2(x: f32) -> f32 {
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {
     let r: f32;
-    unsafe { asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
+    };
     r
 }
 
@@ -189,7 +209,9 @@ pub fn log2(x: f32) -> f32 {
 #[inline(always)]
 pub fn recip(x: f32) -> f32 {
     let r: f32;
-    unsafe { asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
+    };
     r
 }
 

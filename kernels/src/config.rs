@@ -27,7 +27,13 @@ impl TileConfig {
     }
 
     const fn new(head_dim: u32, warps: u32, m_tiles: u32, block_n: u32) -> Self {
-        Self { head_dim, block_m: warps * 16 * m_tiles, block_n, warps, m_tiles }
+        Self {
+            head_dim,
+            block_m: warps * 16 * m_tiles,
+            block_n,
+            warps,
+            m_tiles,
+        }
     }
 }
 

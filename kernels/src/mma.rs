@@ -16,7 +16,8 @@ use crate::element::Element;
 use crate::layout::SmemTile;
 
 /// One warp's query rows as A fragments: `[m_tile][k_step]`.
-pub type QFragments<const M_TILES: usize, const HEAD_DIM_16: usize> = [[[u32; 4]; HEAD_DIM_16]; M_TILES];
+pub type QFragments<const M_TILES: usize, const HEAD_DIM_16: usize> =
+    [[[u32; 4]; HEAD_DIM_16]; M_TILES];
 /// A block of f32 accumulators: `[m_tile][n_tile]`, each a C fragment.
 pub type Accumulators<const M_TILES: usize, const N_TILES: usize> = [[[f32; 4]; N_TILES]; M_TILES];
 
@@ -26,7 +27,11 @@ pub type Accumulators<const M_TILES: usize, const N_TILES: usize> = [[[f32; 4]; 
 /// # Safety
 /// The tile's rows must have landed in shared memory.
 #[inline(always)]
-pub unsafe fn load_q_fragments<const M_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize>(
+pub unsafe fn load_q_fragments<
+    const M_TILES: usize,
+    const HEAD_DIM: usize,
+    const HEAD_DIM_16: usize,
+>(
     tile: SmemTile<HEAD_DIM>,
     first_row: u32,
     lane: u32,
@@ -50,7 +55,13 @@ pub unsafe fn load_q_fragments<const M_TILES: usize, const HEAD_DIM: usize, cons
 /// # Safety
 /// The K tile must have landed in shared memory.
 #[inline(always)]
-pub unsafe fn scores<E: Element, const M_TILES: usize, const N_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize>(
+pub unsafe fn scores<
+    E: Element,
+    const M_TILES: usize,
+    const N_TILES: usize,
+    const HEAD_DIM: usize,
+    const HEAD_DIM_16: usize,
+>(
     q: &QFragments<M_TILES, HEAD_DIM_16>,
     k_tile: SmemTile<HEAD_DIM>,
     lane: u32,
@@ -77,7 +88,12 @@ pub unsafe fn scores<E: Element, const M_TILES: usize, const N_TILES: usize, con
 /// Rounds probabilities (C fragments, f32) to A fragments of `E`: the C
 /// layout of n-tiles 2j and 2j+1 is the A layout of k-step j.
 #[inline(always)]
-pub fn probabilities_as_a<E: Element, const M_TILES: usize, const N_TILES: usize, const N_STEPS: usize>(
+pub fn probabilities_as_a<
+    E: Element,
+    const M_TILES: usize,
+    const N_TILES: usize,
+    const N_STEPS: usize,
+>(
     p: &Accumulators<M_TILES, N_TILES>,
 ) -> [[[u32; 4]; N_STEPS]; M_TILES] {
     const { assert!(N_STEPS * 2 == N_TILES) }
@@ -101,7 +117,13 @@ pub fn probabilities_as_a<E: Element, const M_TILES: usize, const N_TILES: usize
 /// # Safety
 /// The V tile must have landed in shared memory.
 #[inline(always)]
-pub unsafe fn accumulate_pv<E: Element, const M_TILES: usize, const N_STEPS: usize, const HEAD_DIM: usize, const DIM_TILES: usize>(
+pub unsafe fn accumulate_pv<
+    E: Element,
+    const M_TILES: usize,
+    const N_STEPS: usize,
+    const HEAD_DIM: usize,
+    const DIM_TILES: usize,
+>(
     o: &mut Accumulators<M_TILES, DIM_TILES>,
     p: &[[[u32; 4]; N_STEPS]; M_TILES],
     v_tile: SmemTile<HEAD_DIM>,
@@ -115,7 +137,8 @@ pub unsafe fn accumulate_pv<E: Element, const M_TILES: usize, const N_STEPS: usi
     for j in 0..N_STEPS {
         let key = (j as u32) * 16 + key_in_step;
         for pair in 0..DIM_TILES / 2 {
-            let b = arch::ldmatrix_x4_trans(v_tile.chunk_addr(key, (pair as u32) * 2 + chunk_in_pair));
+            let b =
+                arch::ldmatrix_x4_trans(v_tile.chunk_addr(key, (pair as u32) * 2 + chunk_in_pair));
             for m in 0..M_TILES {
                 E::mma(&mut o[m][2 * pair], &p[m][j], &[b[0], b[1]]);
                 E::mma(&mut o[m][2 * pair + 1], &p[m][j], &[b[2], b[3]]);

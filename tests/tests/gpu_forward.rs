@@ -43,14 +43,20 @@ fn matrix(head_dim: usize, causal: bool) -> Vec<Case> {
                 head_dim,
                 causal,
                 softmax_scale: if i % 4 == 3 { Some(0.3) } else { None },
-                placement: [Placement::Contiguous, Placement::HeadsMajor, Placement::Padded][i % 3],
+                placement: [
+                    Placement::Contiguous,
+                    Placement::HeadsMajor,
+                    Placement::Padded,
+                ][i % 3],
             }
         })
         .collect()
 }
 
 fn run_matrix<T: TestElement>(test: &str, head_dim: usize) {
-    let Some((_context, attention)) = gpu(test) else { return };
+    let Some((_context, attention)) = gpu(test) else {
+        return;
+    };
     let mut rng = rand::thread_rng();
     for causal in [false, true] {
         for case in matrix(head_dim, causal) {
@@ -95,7 +101,9 @@ fn bf16_head_dim_128() {
 /// Same inputs twice give bit-identical outputs: no race between warps.
 #[test]
 fn repeated_runs_agree() {
-    let Some((_context, attention)) = gpu("repeated_runs_agree") else { return };
+    let Some((_context, attention)) = gpu("repeated_runs_agree") else {
+        return;
+    };
     let case = Case {
         batch: 2,
         seqlen_q: 300,
@@ -115,7 +123,9 @@ fn repeated_runs_agree() {
 /// compute-sanitizer memcheck (tails in both seqlens, unequal lengths).
 #[test]
 fn memcheck_ragged_causal_gqa() {
-    let Some((_context, attention)) = gpu("memcheck_ragged_causal_gqa") else { return };
+    let Some((_context, attention)) = gpu("memcheck_ragged_causal_gqa") else {
+        return;
+    };
     let mut rng = rand::thread_rng();
     for head_dim in [64, 128] {
         for (seqlen_q, seqlen_k) in [(77, 131), (131, 77)] {
@@ -131,7 +141,9 @@ fn memcheck_ragged_causal_gqa() {
                 placement: Placement::Padded,
             };
             let r = run_case::<bf16>(&attention, &case, &mut rng);
-            println!("memcheck_ragged_causal_gqa: ok d={head_dim} sq={seqlen_q} sk={seqlen_k}: {r:?}");
+            println!(
+                "memcheck_ragged_causal_gqa: ok d={head_dim} sq={seqlen_q} sk={seqlen_k}: {r:?}"
+            );
         }
     }
 }
