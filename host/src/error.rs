@@ -16,22 +16,11 @@ pub enum Error {
     /// The last (head_dim) dimension must have stride 1.
     LastDimNotContiguous { tensor: &'static str, stride: usize },
     /// The base pointer or a stride is not a multiple of 16 bytes.
-    Misaligned {
-        tensor: &'static str,
-        what: &'static str,
-    },
+    Misaligned { tensor: &'static str, what: &'static str },
     /// The view reaches past the end of its buffer.
-    OutOfBounds {
-        tensor: &'static str,
-        needed: usize,
-        len: usize,
-    },
+    OutOfBounds { tensor: &'static str, needed: usize, len: usize },
     /// A size past what the kernel indexes or the launch grid allows.
-    TooLarge {
-        what: &'static str,
-        value: usize,
-        max: usize,
-    },
+    TooLarge { what: &'static str, value: usize, max: usize },
     /// The output overlaps an input.
     Aliasing,
     /// The softmax scale must be finite and positive.
@@ -50,36 +39,19 @@ impl fmt::Display for Error {
             Error::EmptyTensor { tensor } => write!(f, "{tensor} has a dimension of size 0"),
             Error::ShapeMismatch(msg) => write!(f, "shape mismatch: {msg}"),
             Error::UnsupportedHeadDim(d) => {
-                write!(
-                    f,
-                    "head_dim {d} is not supported (supported: {:?})",
-                    crate::SUPPORTED_HEAD_DIMS
-                )
+                write!(f, "head_dim {d} is not supported (supported: {:?})", crate::SUPPORTED_HEAD_DIMS)
             }
             Error::HeadsNotDivisible { heads_q, heads_kv } => {
-                write!(
-                    f,
-                    "query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})"
-                )
+                write!(f, "query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
             }
             Error::LastDimNotContiguous { tensor, stride } => {
                 write!(f, "{tensor}: the head_dim dimension must be contiguous (stride 1), got stride {stride}")
             }
             Error::Misaligned { tensor, what } => {
-                write!(
-                    f,
-                    "{tensor}: {what} must be a multiple of 16 bytes (8 elements)"
-                )
+                write!(f, "{tensor}: {what} must be a multiple of 16 bytes (8 elements)")
             }
-            Error::OutOfBounds {
-                tensor,
-                needed,
-                len,
-            } => {
-                write!(
-                    f,
-                    "{tensor}: the view needs {needed} elements but its buffer has {len}"
-                )
+            Error::OutOfBounds { tensor, needed, len } => {
+                write!(f, "{tensor}: the view needs {needed} elements but its buffer has {len}")
             }
             Error::TooLarge { what, value, max } => {
                 write!(f, "{what} = {value} exceeds the supported maximum {max}")

@@ -54,7 +54,4 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use params::ForwardParams;
 pub use runtime::{Element, FlashAttention, Output, Tensor, TensorMut, KERNEL_NAMES, PTX};
-pub use validate::{
-    validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_SEQLEN,
-    SUPPORTED_HEAD_DIMS,
-};
+pub use validate::{validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_SEQLEN, SUPPORTED_HEAD_DIMS};

@@ -36,43 +36,24 @@ pub fn attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64]) -> Refer
     assert_eq!(q.len(), p.batch * p.seqlen_q * p.heads_q * d, "q length");
     assert_eq!(k.len(), p.batch * p.seqlen_k * p.heads_kv * d, "k length");
     assert_eq!(v.len(), k.len(), "v length");
-    assert!(
-        p.heads_kv > 0 && p.heads_q.is_multiple_of(p.heads_kv),
-        "heads_q must be a multiple of heads_kv"
-    );
+    assert!(p.heads_kv > 0 && p.heads_q.is_multiple_of(p.heads_kv), "heads_q must be a multiple of heads_kv");
     let heads = p.batch * p.heads_q;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(heads);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(heads);
     // Each thread takes every `threads`-th (batch, head) and returns its rows.
     let parts: Vec<Vec<HeadOutput>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
-                scope.spawn(move || {
-                    (t..heads)
-                        .step_by(threads)
-                        .map(|bh| head_attention(p, q, k, v, bh))
-                        .collect()
-                })
+                scope.spawn(move || (t..heads).step_by(threads).map(|bh| head_attention(p, q, k, v, bh)).collect())
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("reference worker panicked"))
-            .collect()
+        workers.into_iter().map(|w| w.join().expect("reference worker panicked")).collect()
     });
     let mut o = vec![0.0; q.len()];
     let mut lse = vec![f64::NEG_INFINITY; heads * p.seqlen_q];
-    for HeadOutput {
-        bh,
-        o: head_o,
-        lse: head_lse,
-    } in parts.into_iter().flatten()
-    {
+    for HeadOutput { bh, o: head_o, lse: head_lse } in parts.into_iter().flatten() {
         let (b, h) = (bh / p.heads_q, bh % p.heads_q);
         for i in 0..p.seqlen_q {
-            o[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d]
-                .copy_from_slice(&head_o[i * d..][..d]);
+            o[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d].copy_from_slice(&head_o[i * d..][..d]);
         }
         lse[bh * p.seqlen_q..][..p.seqlen_q].copy_from_slice(&head_lse);
     }
@@ -130,11 +111,7 @@ fn head_attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64], bh: usi
 /// `||a - b|| / ||b||` (L2), the tests' error measure.
 pub fn relative_l2_error(actual: &[f64], expected: &[f64]) -> f64 {
     assert_eq!(actual.len(), expected.len());
-    let diff: f64 = actual
-        .iter()
-        .zip(expected)
-        .map(|(a, e)| (a - e).powi(2))
-        .sum();
+    let diff: f64 = actual.iter().zip(expected).map(|(a, e)| (a - e).powi(2)).sum();
     let norm: f64 = expected.iter().map(|e| e * e).sum();
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
@@ -144,23 +121,8 @@ mod tests {
     use super::*;
     use approx::assert_relative_eq;
 
-    fn problem(
-        seqlen_q: usize,
-        seqlen_k: usize,
-        heads_q: usize,
-        heads_kv: usize,
-        causal: bool,
-    ) -> ReferenceProblem {
-        ReferenceProblem {
-            batch: 1,
-            seqlen_q,
-            seqlen_k,
-            heads_q,
-            heads_kv,
-            head_dim: 4,
-            causal,
-            softmax_scale: 0.5,
-        }
+    fn problem(seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, causal: bool) -> ReferenceProblem {
+        ReferenceProblem { batch: 1, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim: 4, causal, softmax_scale: 0.5 }
     }
 
     /// v[j][h][c] = 100 * h + 10 * j + c: distinct per key, head and column.
@@ -187,11 +149,7 @@ mod tests {
             let visible = i + 3;
             let mean_key = (visible - 1) as f64 / 2.0;
             for c in 0..4 {
-                assert_relative_eq!(
-                    out.o[i * 4 + c],
-                    10.0 * mean_key + c as f64,
-                    max_relative = 1e-12
-                );
+                assert_relative_eq!(out.o[i * 4 + c], 10.0 * mean_key + c as f64, max_relative = 1e-12);
             }
             assert_relative_eq!(out.lse[i], (visible as f64).ln(), max_relative = 1e-12);
         }
@@ -217,24 +175,15 @@ mod tests {
 
     #[test]
     fn matches_a_direct_softmax_of_one_row() {
-        let p = ReferenceProblem {
-            causal: false,
-            ..problem(1, 3, 1, 1, false)
-        };
+        let p = ReferenceProblem { causal: false, ..problem(1, 3, 1, 1, false) };
         let q = [1.0, -2.0, 0.5, 3.0];
-        let k = [
-            0.5, 0.1, -1.0, 0.2, 1.0, 1.0, 1.0, 1.0, -0.3, 0.7, 0.0, -1.5,
-        ];
+        let k = [0.5, 0.1, -1.0, 0.2, 1.0, 1.0, 1.0, 1.0, -0.3, 0.7, 0.0, -1.5];
         let v = labelled_v(&p);
-        let s: Vec<f64> = (0..3)
-            .map(|j| 0.5 * (0..4).map(|c| q[c] * k[j * 4 + c]).sum::<f64>())
-            .collect();
+        let s: Vec<f64> = (0..3).map(|j| 0.5 * (0..4).map(|c| q[c] * k[j * 4 + c]).sum::<f64>()).collect();
         let denominator: f64 = s.iter().map(|x| x.exp()).sum();
         let out = attention(&p, &q, &k, &v);
         for c in 0..4 {
-            let expected: f64 = (0..3)
-                .map(|j| s[j].exp() / denominator * v[j * 4 + c])
-                .sum();
+            let expected: f64 = (0..3).map(|j| s[j].exp() / denominator * v[j * 4 + c]).sum();
             assert_relative_eq!(out.o[c], expected, max_relative = 1e-12);
         }
         assert_relative_eq!(out.lse[0], denominator.ln(), max_relative = 1e-12);
@@ -251,11 +200,7 @@ mod tests {
             for h in 0..6 {
                 let kv_head = h / 3;
                 // Uniform over keys 0..3: mean key 1.
-                assert_relative_eq!(
-                    out.o[(i * 6 + h) * 4],
-                    (100 * kv_head + 10) as f64,
-                    max_relative = 1e-12
-                );
+                assert_relative_eq!(out.o[(i * 6 + h) * 4], (100 * kv_head + 10) as f64, max_relative = 1e-12);
             }
         }
     }

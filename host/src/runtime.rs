@@ -54,27 +54,16 @@ pub struct Tensor<'a, T: Element> {
 impl<'a, T: Element> Tensor<'a, T> {
     /// A densely packed tensor of `shape` at the start of `buffer`.
     pub fn new(buffer: &'a DeviceSlice<T>, shape: [usize; 4]) -> Self {
-        Self {
-            buffer,
-            layout: Layout::contiguous(shape),
-        }
+        Self { buffer, layout: Layout::contiguous(shape) }
     }
 
     /// A tensor with explicit strides, in elements.
     pub fn strided(buffer: &'a DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
-        Self {
-            buffer,
-            layout: Layout::strided(shape, strides),
-        }
+        Self { buffer, layout: Layout::strided(shape, strides) }
     }
 
     fn placed(&self, name: &'static str) -> Placed {
-        Placed {
-            name,
-            layout: self.layout,
-            addr: self.buffer.as_device_ptr().as_raw(),
-            buffer_len: self.buffer.len(),
-        }
+        Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
     }
 }
 
@@ -87,18 +76,12 @@ pub struct TensorMut<'a, T: Element> {
 impl<'a, T: Element> TensorMut<'a, T> {
     /// A densely packed tensor of `shape` at the start of `buffer`.
     pub fn new(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4]) -> Self {
-        Self {
-            buffer,
-            layout: Layout::contiguous(shape),
-        }
+        Self { buffer, layout: Layout::contiguous(shape) }
     }
 
     /// A tensor with explicit strides, in elements.
     pub fn strided(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
-        Self {
-            buffer,
-            layout: Layout::strided(shape, strides),
-        }
+        Self { buffer, layout: Layout::strided(shape, strides) }
     }
 }
 
@@ -142,10 +125,7 @@ impl FlashAttention {
                 )
             };
             if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-                return Err(Error::DriverCall {
-                    call: "cuFuncSetAttribute",
-                    code: status as u32,
-                });
+                return Err(Error::DriverCall { call: "cuFuncSetAttribute", code: status as u32 });
             }
         }
         Ok(Self { module })
@@ -171,15 +151,7 @@ impl FlashAttention {
             addr: !15,
             buffer_len: len,
         };
-        validate(
-            &q.placed("q"),
-            &k.placed("k"),
-            &v.placed("v"),
-            &dummy_o,
-            0,
-            batch * heads_q * seqlen_q,
-            params,
-        )?;
+        validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &dummy_o, 0, batch * heads_q * seqlen_q, params)?;
         let mut o = unsafe { DeviceBuffer::<T>::uninitialized(len)? };
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(batch * heads_q * seqlen_q)? };
         let problem = self.forward_into(
@@ -207,12 +179,8 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Problem> {
-        let o_placed = Placed {
-            name: "o",
-            layout: o.layout,
-            addr: o.buffer.as_device_ptr().as_raw(),
-            buffer_len: o.buffer.len(),
-        };
+        let o_placed =
+            Placed { name: "o", layout: o.layout, addr: o.buffer.as_device_ptr().as_raw(), buffer_len: o.buffer.len() };
         let (mut args, problem) = validate(
             &q.placed("q"),
             &k.placed("k"),
@@ -223,28 +191,13 @@ impl FlashAttention {
             params,
         )?;
         let config = tile_config(problem.head_dim)?;
-        let name = format!(
-            "flash_fwd_d{}_{}_{}",
-            problem.head_dim,
-            T::NAME,
-            if params.causal { "causal" } else { "full" }
-        );
+        let name =
+            format!("flash_fwd_d{}_{}_{}", problem.head_dim, T::NAME, if params.causal { "causal" } else { "full" });
         let function = self.module.get_function(&name)?;
-        let grid = (
-            problem.seqlen_q.div_ceil(config.block_m as usize) as u32,
-            problem.heads_q as u32,
-            problem.batch as u32,
-        );
+        let grid =
+            (problem.seqlen_q.div_ceil(config.block_m as usize) as u32, problem.heads_q as u32, problem.batch as u32);
         let arg_ptr = &mut args as *mut _ as *mut c_void;
-        unsafe {
-            stream.launch(
-                &function,
-                grid,
-                config.threads(),
-                config.smem_bytes(),
-                &[arg_ptr],
-            )?
-        };
+        unsafe { stream.launch(&function, grid, config.threads(), config.smem_bytes(), &[arg_ptr])? };
         Ok(problem)
     }
 }
@@ -257,10 +210,7 @@ mod tests {
     fn embedded_ptx_exports_every_kernel_for_sm_80() {
         assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");
         for name in KERNEL_NAMES {
-            assert!(
-                PTX.contains(&format!(".visible .entry {name}(")),
-                "{name} missing from the embedded PTX"
-            );
+            assert!(PTX.contains(&format!(".visible .entry {name}(")), "{name} missing from the embedded PTX");
         }
         assert_eq!(PTX.matches(".visible .entry").count(), KERNEL_NAMES.len());
     }
@@ -272,11 +222,7 @@ mod tests {
             let config = tile_config(head_dim).unwrap();
             assert_eq!(config.head_dim as usize, head_dim);
             // sm_80 allows 163 KiB of dynamic shared memory per block.
-            assert!(
-                config.smem_bytes() <= 163 * 1024,
-                "{name}: {} bytes",
-                config.smem_bytes()
-            );
+            assert!(config.smem_bytes() <= 163 * 1024, "{name}: {} bytes", config.smem_bytes());
             assert_eq!(config.block_m, config.warps * 16 * config.m_tiles);
         }
     }

@@ -16,10 +16,7 @@ impl Layout {
     /// A densely packed, row-major layout of `shape`.
     pub fn contiguous(shape: [usize; 4]) -> Self {
         let [_, s, h, d] = shape;
-        Layout {
-            shape,
-            strides: [s * h * d, h * d, d, 1],
-        }
+        Layout { shape, strides: [s * h * d, h * d, d, 1] }
     }
 
     /// A layout with the given strides.
@@ -95,40 +92,22 @@ fn check_tensor(t: &Placed) -> Result<()> {
         return Err(Error::EmptyTensor { tensor: t.name });
     }
     if t.layout.strides[3] != 1 {
-        return Err(Error::LastDimNotContiguous {
-            tensor: t.name,
-            stride: t.layout.strides[3],
-        });
+        return Err(Error::LastDimNotContiguous { tensor: t.name, stride: t.layout.strides[3] });
     }
     if t.addr % 16 != 0 {
-        return Err(Error::Misaligned {
-            tensor: t.name,
-            what: "the base address",
-        });
+        return Err(Error::Misaligned { tensor: t.name, what: "the base address" });
     }
-    for (stride, what) in t.layout.strides[..3].iter().zip([
-        "the batch stride",
-        "the seqlen stride",
-        "the heads stride",
-    ]) {
+    for (stride, what) in
+        t.layout.strides[..3].iter().zip(["the batch stride", "the seqlen stride", "the heads stride"])
+    {
         if stride % 8 != 0 {
-            return Err(Error::Misaligned {
-                tensor: t.name,
-                what,
-            });
+            return Err(Error::Misaligned { tensor: t.name, what });
         }
     }
-    let needed = t.layout.span().ok_or(Error::TooLarge {
-        what: "view span",
-        value: usize::MAX,
-        max: isize::MAX as usize,
-    })?;
+    let needed =
+        t.layout.span().ok_or(Error::TooLarge { what: "view span", value: usize::MAX, max: isize::MAX as usize })?;
     if needed > t.buffer_len {
-        return Err(Error::OutOfBounds {
-            tensor: t.name,
-            needed,
-            len: t.buffer_len,
-        });
+        return Err(Error::OutOfBounds { tensor: t.name, needed, len: t.buffer_len });
     }
     Ok(())
 }
@@ -167,10 +146,7 @@ pub fn validate(
     let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
     let [batch_k, seqlen_k, heads_kv, head_dim_k] = k.layout.shape;
     if v.layout.shape != k.layout.shape {
-        return Err(Error::ShapeMismatch(format!(
-            "k is {:?} but v is {:?}",
-            k.layout.shape, v.layout.shape
-        )));
+        return Err(Error::ShapeMismatch(format!("k is {:?} but v is {:?}", k.layout.shape, v.layout.shape)));
     }
     if batch_k != batch || head_dim_k != head_dim {
         return Err(Error::ShapeMismatch(format!(
@@ -179,10 +155,7 @@ pub fn validate(
         )));
     }
     if o.layout.shape != q.layout.shape {
-        return Err(Error::ShapeMismatch(format!(
-            "o is {:?} but q is {:?}",
-            o.layout.shape, q.layout.shape
-        )));
+        return Err(Error::ShapeMismatch(format!("o is {:?} but q is {:?}", o.layout.shape, q.layout.shape)));
     }
     let config = tile_config(head_dim)?;
     if heads_q % heads_kv != 0 {
@@ -199,24 +172,15 @@ pub fn validate(
         )));
     }
     if lse_addr % 4 != 0 {
-        return Err(Error::Misaligned {
-            tensor: "lse",
-            what: "the base address",
-        });
+        return Err(Error::Misaligned { tensor: "lse", what: "the base address" });
     }
     let outputs = [bytes(o.addr, o.buffer_len, 2), bytes(lse_addr, lse_len, 4)];
     if overlaps(&outputs[0], &outputs[1])
-        || [q, k, v].iter().any(|t| {
-            outputs
-                .iter()
-                .any(|out| overlaps(out, &bytes(t.addr, t.buffer_len, 2)))
-        })
+        || [q, k, v].iter().any(|t| outputs.iter().any(|out| overlaps(out, &bytes(t.addr, t.buffer_len, 2))))
     {
         return Err(Error::Aliasing);
     }
-    let scale = params
-        .softmax_scale
-        .unwrap_or(1.0 / (head_dim as f32).sqrt());
+    let scale = params.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
     if !(scale.is_finite() && scale > 0.0) {
         return Err(Error::InvalidScale(scale));
     }
@@ -252,14 +216,7 @@ pub fn validate(
         scale_log2: scale * std::f32::consts::LOG2_E,
         _pad: 0,
     };
-    let problem = Problem {
-        batch,
-        seqlen_q,
-        seqlen_k,
-        heads_q,
-        heads_kv,
-        head_dim,
-    };
+    let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
     Ok((forward, problem))
 }
 
@@ -272,12 +229,7 @@ mod tests {
     /// A valid contiguous tensor of `shape` at `addr`, with an exact-size buffer.
     fn tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
         let layout = Layout::contiguous(shape);
-        Placed {
-            name,
-            layout,
-            addr,
-            buffer_len: layout.span().unwrap(),
-        }
+        Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
     }
 
     struct Call {
@@ -305,15 +257,7 @@ mod tests {
         }
 
         fn run(&self) -> Result<(ForwardParams, Problem)> {
-            validate(
-                &self.q,
-                &self.k,
-                &self.v,
-                &self.o,
-                self.lse_addr,
-                self.lse_len,
-                &self.params,
-            )
+            validate(&self.q, &self.k, &self.v, &self.o, self.lse_addr, self.lse_len, &self.params)
         }
     }
 
@@ -321,34 +265,14 @@ mod tests {
     fn accepts_a_valid_gqa_call_and_builds_its_arguments() {
         let call = Call::new(128);
         let (args, problem) = call.run().expect("valid call");
-        assert_eq!(
-            problem,
-            Problem {
-                batch: 2,
-                seqlen_q: 100,
-                seqlen_k: 37,
-                heads_q: 8,
-                heads_kv: 2,
-                head_dim: 128
-            }
-        );
+        assert_eq!(problem, Problem { batch: 2, seqlen_q: 100, seqlen_k: 37, heads_q: 8, heads_kv: 2, head_dim: 128 });
         assert_eq!(args.heads_per_kv, 4);
         assert_eq!((args.seqlen_q, args.seqlen_k, args.heads_q), (100, 37, 8));
-        assert_eq!(
-            (args.q_batch_stride, args.q_row_stride, args.q_head_stride),
-            (100 * 8 * 128, 8 * 128, 128)
-        );
-        assert_eq!(
-            (args.k_batch_stride, args.k_row_stride, args.k_head_stride),
-            (37 * 2 * 128, 2 * 128, 128)
-        );
+        assert_eq!((args.q_batch_stride, args.q_row_stride, args.q_head_stride), (100 * 8 * 128, 8 * 128, 128));
+        assert_eq!((args.k_batch_stride, args.k_row_stride, args.k_head_stride), (37 * 2 * 128, 2 * 128, 128));
         assert_eq!(args.k as u64, 16 * MIB);
         assert_eq!(args.lse as u64, 64 * MIB);
-        approx::assert_relative_eq!(
-            args.scale_log2,
-            std::f32::consts::LOG2_E / 128f32.sqrt(),
-            max_relative = 1e-6
-        );
+        approx::assert_relative_eq!(args.scale_log2, std::f32::consts::LOG2_E / 128f32.sqrt(), max_relative = 1e-6);
     }
 
     #[test]
@@ -362,10 +286,7 @@ mod tests {
     #[test]
     fn rejects_unsupported_head_dims() {
         for d in [32, 96, 256] {
-            assert_eq!(
-                Call::new(d).run().unwrap_err(),
-                Error::UnsupportedHeadDim(d)
-            );
+            assert_eq!(Call::new(d).run().unwrap_err(), Error::UnsupportedHeadDim(d));
         }
     }
 
@@ -385,9 +306,7 @@ mod tests {
         let mut call = Call::new(64);
         call.k = tensor("k", [3, 37, 2, 64], 16 * MIB);
         call.v = tensor("v", [3, 37, 2, 64], 32 * MIB);
-        assert!(
-            matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("batch and head_dim"))
-        );
+        assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("batch and head_dim")));
         let mut call = Call::new(64);
         call.o = tensor("o", [2, 99, 8, 64], 48 * MIB);
         assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("o is")));
@@ -401,13 +320,7 @@ mod tests {
         let mut call = Call::new(64);
         call.k = tensor("k", [2, 37, 3, 64], 16 * MIB);
         call.v = tensor("v", [2, 37, 3, 64], 32 * MIB);
-        assert_eq!(
-            call.run().unwrap_err(),
-            Error::HeadsNotDivisible {
-                heads_q: 8,
-                heads_kv: 3
-            }
-        );
+        assert_eq!(call.run().unwrap_err(), Error::HeadsNotDivisible { heads_q: 8, heads_kv: 3 });
     }
 
     #[test]
@@ -415,45 +328,21 @@ mod tests {
         let mut call = Call::new(64);
         call.q.layout.strides[3] = 2;
         call.q.buffer_len = call.q.layout.span().unwrap();
-        assert_eq!(
-            call.run().unwrap_err(),
-            Error::LastDimNotContiguous {
-                tensor: "q",
-                stride: 2
-            }
-        );
+        assert_eq!(call.run().unwrap_err(), Error::LastDimNotContiguous { tensor: "q", stride: 2 });
     }
 
     #[test]
     fn rejects_misaligned_pointers_and_strides() {
         let mut call = Call::new(64);
         call.v.addr += 8;
-        assert_eq!(
-            call.run().unwrap_err(),
-            Error::Misaligned {
-                tensor: "v",
-                what: "the base address"
-            }
-        );
+        assert_eq!(call.run().unwrap_err(), Error::Misaligned { tensor: "v", what: "the base address" });
         let mut call = Call::new(64);
         call.k.layout.strides[1] += 4;
         call.k.buffer_len = call.k.layout.span().unwrap();
-        assert_eq!(
-            call.run().unwrap_err(),
-            Error::Misaligned {
-                tensor: "k",
-                what: "the seqlen stride"
-            }
-        );
+        assert_eq!(call.run().unwrap_err(), Error::Misaligned { tensor: "k", what: "the seqlen stride" });
         let mut call = Call::new(64);
         call.lse_addr += 2;
-        assert_eq!(
-            call.run().unwrap_err(),
-            Error::Misaligned {
-                tensor: "lse",
-                what: "the base address"
-            }
-        );
+        assert_eq!(call.run().unwrap_err(), Error::Misaligned { tensor: "lse", what: "the base address" });
     }
 
     #[test]
@@ -461,14 +350,7 @@ mod tests {
         let mut call = Call::new(64);
         call.o.buffer_len -= 1;
         let needed = call.o.layout.span().unwrap();
-        assert_eq!(
-            call.run().unwrap_err(),
-            Error::OutOfBounds {
-                tensor: "o",
-                needed,
-                len: needed - 1
-            }
-        );
+        assert_eq!(call.run().unwrap_err(), Error::OutOfBounds { tensor: "o", needed, len: needed - 1 });
     }
 
     #[test]
@@ -495,14 +377,7 @@ mod tests {
         call.v.layout.shape[0] = 1;
         call.lse_len = usize::MAX / 8;
         call.lse_addr = 1 << 50;
-        assert_eq!(
-            call.run().unwrap_err(),
-            Error::TooLarge {
-                what: "heads_q",
-                value: 70_000,
-                max: MAX_GRID_YZ
-            }
-        );
+        assert_eq!(call.run().unwrap_err(), Error::TooLarge { what: "heads_q", value: 70_000, max: MAX_GRID_YZ });
     }
 
     #[test]
@@ -520,23 +395,14 @@ mod tests {
         for scale in [0.0, -1.0, f32::NAN, f32::INFINITY] {
             let mut call = Call::new(64);
             call.params.softmax_scale = Some(scale);
-            assert!(
-                matches!(call.run().unwrap_err(), Error::InvalidScale(_)),
-                "scale {scale}"
-            );
+            assert!(matches!(call.run().unwrap_err(), Error::InvalidScale(_)), "scale {scale}");
         }
     }
 
     #[test]
     fn span_counts_the_last_element_and_overflow() {
         assert_eq!(Layout::contiguous([2, 3, 4, 8]).span(), Some(2 * 3 * 4 * 8));
-        assert_eq!(
-            Layout::strided([2, 3, 4, 8], [1000, 100, 10, 1]).span(),
-            Some(1000 + 200 + 30 + 7 + 1)
-        );
-        assert_eq!(
-            Layout::strided([2, 2, 2, 2], [usize::MAX, 1, 1, 1]).span(),
-            None
-        );
+        assert_eq!(Layout::strided([2, 3, 4, 8], [1000, 100, 10, 1]).span(), Some(1000 + 200 + 30 + 7 + 1));
+        assert_eq!(Layout::strided([2, 2, 2, 2], [usize::MAX, 1, 1, 1]).span(), None);
     }
 }

@@ -17,9 +17,7 @@ core::arch::global_asm!(".extern .shared .align 128 .b8 DYNAMIC_SMEM[];");
 #[inline(always)]
 pub fn dynamic_smem_base() -> u32 {
     let base: u32;
-    unsafe {
-        asm!("mov.u32 {r}, DYNAMIC_SMEM;", r = out(reg32) base, options(pure, nomem, nostack))
-    };
+    unsafe { asm!("mov.u32 {r}, DYNAMIC_SMEM;", r = out(reg32) base, options(pure, nomem, nostack)) };
     base
 }
 
@@ -189,9 +187,7 @@ pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
 #[inline(always)]
 pub fn exp2(x: f32) -> f32 {
     let r: f32;
-    unsafe {
-        asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
-    };
+    unsafe { asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) };
     r
 }
 
@@ -199,9 +195,7 @@ pub fn exp2(x: f32) -> f32 {
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {
     let r: f32;
-    unsafe {
-        asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
-    };
+    unsafe { asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) };
     r
 }
 
@@ -209,9 +203,7 @@ pub fn log2(x: f32) -> f32 {
 #[inline(always)]
 pub fn recip(x: f32) -> f32 {
     let r: f32;
-    unsafe {
-        asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
-    };
+    unsafe { asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) };
     r
 }
 

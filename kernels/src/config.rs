@@ -13,6 +13,9 @@ pub struct TileConfig {
     pub warps: u32,
     /// 16-row m-tiles per warp.
     pub m_tiles: u32,
+    /// Keep each warp's Q fragments in registers for the whole key loop
+    /// (else re-read them from shared memory at every k-step).
+    pub q_in_registers: bool,
 }
 
 impl TileConfig {
@@ -26,18 +29,14 @@ impl TileConfig {
         (self.block_m + 4 * self.block_n) * self.head_dim * 2
     }
 
-    const fn new(head_dim: u32, warps: u32, m_tiles: u32, block_n: u32) -> Self {
-        Self {
-            head_dim,
-            block_m: warps * 16 * m_tiles,
-            block_n,
-            warps,
-            m_tiles,
-        }
+    const fn new(head_dim: u32, warps: u32, m_tiles: u32, block_n: u32, q_in_registers: bool) -> Self {
+        Self { head_dim, block_m: warps * 16 * m_tiles, block_n, warps, m_tiles, q_in_registers }
     }
 }
 
-/// Head dim 64.
-pub const HEAD_DIM_64: TileConfig = TileConfig::new(64, 4, 1, 64);
-/// Head dim 128.
-pub const HEAD_DIM_128: TileConfig = TileConfig::new(128, 4, 1, 64);
+/// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
+/// (TUNING.md, step 3).
+pub const HEAD_DIM_64: TileConfig = TileConfig::new(64, 4, 2, 64, true);
+/// Head dim 128: 128 query rows, 32 per warp, 32-key blocks, Q re-read from
+/// shared memory so the 32 rows fit in 255 registers (TUNING.md, step 2).
+pub const HEAD_DIM_128: TileConfig = TileConfig::new(128, 4, 2, 32, false);

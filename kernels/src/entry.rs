@@ -23,6 +23,7 @@ macro_rules! forward_kernel {
                 { C.block_n as usize / 16 },
                 { C.warps as usize },
                 { C.m_tiles as usize },
+                { C.q_in_registers },
             >(&params)
         }
     };

@@ -28,12 +28,7 @@ pub struct OutputRows {
 /// The staging rows belong to this warp alone; the output rows below
 /// `valid_rows` are writable.
 #[inline(always)]
-pub unsafe fn write_output<
-    E: Element,
-    const M_TILES: usize,
-    const DIM_TILES: usize,
-    const HEAD_DIM: usize,
->(
+pub unsafe fn write_output<E: Element, const M_TILES: usize, const DIM_TILES: usize, const HEAD_DIM: usize>(
     o: &Accumulators<M_TILES, DIM_TILES>,
     softmax: &OnlineSoftmax<M_TILES>,
     scale_log2: f32,
@@ -49,10 +44,7 @@ pub unsafe fn write_output<
             let row = (m as u32) * 16 + (half as u32) * 8 + lane_row;
             for (d, tile) in o_m.iter().enumerate() {
                 let packed = E::pack(tile[2 * half] * normalise, tile[2 * half + 1] * normalise);
-                arch::st_shared_u32(
-                    staging.pair_addr(out.first_row + row, (d as u32) * 8 + lane_col),
-                    packed,
-                );
+                arch::st_shared_u32(staging.pair_addr(out.first_row + row, (d as u32) * 8 + lane_col), packed);
             }
             if lane % 4 == 0 && row < out.valid_rows {
                 arch::st_global_f32(out.lse.add(row as usize), lse);

@@ -38,6 +38,7 @@ pub unsafe fn flash_forward<
     const N_STEPS: usize,
     const WARPS: usize,
     const M_TILES: usize,
+    const Q_IN_REGISTERS: bool,
 >(
     params: &ForwardParams,
 ) {
@@ -53,11 +54,7 @@ pub unsafe fn flash_forward<
     let warp = tid / 32;
     let lane = tid % 32;
     // Causal blocks with more rows have more keys: launch those first.
-    let m_block = if CAUSAL {
-        arch::grid_dim_x() - 1 - arch::block_idx_x()
-    } else {
-        arch::block_idx_x()
-    };
+    let m_block = if CAUSAL { arch::grid_dim_x() - 1 - arch::block_idx_x() } else { arch::block_idx_x() };
     let head = arch::block_idx_y();
     let batch = arch::block_idx_z();
     // The host guarantees heads_per_kv >= 1; saying so drops the divide-by-zero panic path.
@@ -74,12 +71,8 @@ pub unsafe fn flash_forward<
             + first_row as i64 * params.q_row_stride
             + head as i64 * params.q_head_stride) as isize,
     );
-    let k = params.k.offset(
-        (batch as i64 * params.k_batch_stride + kv_head as i64 * params.k_head_stride) as isize,
-    );
-    let v = params.v.offset(
-        (batch as i64 * params.v_batch_stride + kv_head as i64 * params.v_head_stride) as isize,
-    );
+    let k = params.k.offset((batch as i64 * params.k_batch_stride + kv_head as i64 * params.k_head_stride) as isize);
+    let v = params.v.offset((batch as i64 * params.v_batch_stride + kv_head as i64 * params.v_head_stride) as isize);
 
     // Key blocks this query block sees: all of them, or with causal masking
     // those left of the diagonal through its last row (none for rows that
@@ -102,10 +95,8 @@ pub unsafe fn flash_forward<
     let q_tile = SmemTile::<HEAD_DIM>::at(smem);
     // Stage addresses are computed, not indexed from an array, so that no
     // array of them lands in local memory.
-    let k_tile =
-        |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + stage * block_n));
-    let v_tile =
-        |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + (2 + stage) * block_n));
+    let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + stage * block_n));
+    let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + (2 + stage) * block_n));
     let load_key_block = |tile: SmemTile<HEAD_DIM>, src: *const u16, row_stride: i64, n: u32| {
         let first_key = n * block_n;
         load_tile_async::<HEAD_DIM>(
@@ -120,15 +111,7 @@ pub unsafe fn flash_forward<
         arch::cp_async_commit();
     };
 
-    load_tile_async::<HEAD_DIM>(
-        q_tile,
-        block_m,
-        q,
-        params.q_row_stride,
-        rows_in_block,
-        tid,
-        threads,
-    );
+    load_tile_async::<HEAD_DIM>(q_tile, block_m, q, params.q_row_stride, rows_in_block, tid, threads);
     arch::cp_async_commit();
     if n_blocks > 0 {
         load_key_block(k_tile(0), k, params.k_row_stride, n_blocks - 1);
@@ -139,13 +122,8 @@ pub unsafe fn flash_forward<
     arch::sync_threads();
 
     let warp_first_row = warp * 16 * M_TILES as u32;
-    let q_frags =
-        mma::load_q_fragments::<M_TILES, HEAD_DIM, HEAD_DIM_16>(q_tile, warp_first_row, lane);
-    let mask = ScoreMask {
-        first_row: (first_row + warp_first_row) as i32,
-        seqlen_k: seqlen_k as i32,
-        diagonal,
-    };
+    let q_operand = mma::QOperand::<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>::new(q_tile, warp_first_row, lane);
+    let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, seqlen_k: seqlen_k as i32, diagonal };
     let mut softmax = OnlineSoftmax::<M_TILES>::new();
     let mut o = [[[0f32; 4]; DIM_TILES]; M_TILES];
 
@@ -156,11 +134,8 @@ pub unsafe fn flash_forward<
         arch::cp_async_wait::<1>(); // K[n] has landed; V[n] may be in flight.
         arch::sync_threads();
 
-        let mut s = mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16>(
-            &q_frags,
-            k_tile(stage),
-            lane,
-        );
+        let mut s =
+            mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(&q_operand, k_tile(stage), lane);
         if n > 0 {
             // The other K stage held K[n + 1], which every warp finished
             // reading before the barrier above.
@@ -168,8 +143,7 @@ pub unsafe fn flash_forward<
         }
         let first_key = n * block_n;
         let ragged = first_key + block_n > seqlen_k;
-        let crosses_diagonal =
-            CAUSAL && (first_key + block_n) as i32 > first_row as i32 + diagonal + 1;
+        let crosses_diagonal = CAUSAL && (first_key + block_n) as i32 > first_row as i32 + diagonal + 1;
         if ragged || crosses_diagonal {
             mask.apply::<CAUSAL, M_TILES, N_TILES>(&mut s, first_key as i32, lane);
         }
@@ -182,15 +156,10 @@ pub unsafe fn flash_forward<
             arch::cp_async_wait::<0>();
         }
         arch::sync_threads();
-        mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(
-            &mut o,
-            &p,
-            v_tile(stage),
-            lane,
-        );
+        mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
     }
 
-    // Each warp stages O in its own rows of the Q tile, which only it read.
+    // Each warp stages O in its own rows of the Q tile, which only it reads.
     let out = OutputRows {
         first_row: warp_first_row,
         o: params.o.wrapping_offset(
@@ -200,17 +169,9 @@ pub unsafe fn flash_forward<
         ),
         o_row_stride: params.o_row_stride,
         lse: params.lse.wrapping_add(
-            ((batch * params.heads_q + head) as usize) * seqlen_q as usize
-                + (first_row + warp_first_row) as usize,
+            ((batch * params.heads_q + head) as usize) * seqlen_q as usize + (first_row + warp_first_row) as usize,
         ),
         valid_rows: rows_in_block.saturating_sub(warp_first_row),
     };
-    epilogue::write_output::<E, M_TILES, DIM_TILES, HEAD_DIM>(
-        &o,
-        &softmax,
-        params.scale_log2,
-        q_tile,
-        out,
-        lane,
-    );
+    epilogue::write_output::<E, M_TILES, DIM_TILES, HEAD_DIM>(&o, &softmax, params.scale_log2, q_tile, out, lane);
 }

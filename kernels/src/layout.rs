@@ -24,10 +24,7 @@ impl<const HEAD_DIM: usize> SmemTile<HEAD_DIM> {
     #[inline(always)]
     pub fn at(base: u32) -> Self {
         const {
-            assert!(
-                HEAD_DIM % 64 == 0,
-                "the swizzle needs rows of at least 8 chunks"
-            );
+            assert!(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
         }
         Self { base }
     }

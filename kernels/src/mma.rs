@@ -15,39 +15,68 @@ use crate::arch;
 use crate::element::Element;
 use crate::layout::SmemTile;
 
-/// One warp's query rows as A fragments: `[m_tile][k_step]`.
-pub type QFragments<const M_TILES: usize, const HEAD_DIM_16: usize> =
-    [[[u32; 4]; HEAD_DIM_16]; M_TILES];
 /// A block of f32 accumulators: `[m_tile][n_tile]`, each a C fragment.
 pub type Accumulators<const M_TILES: usize, const N_TILES: usize> = [[[f32; 4]; N_TILES]; M_TILES];
 
-/// Loads the warp's Q rows (`first_row..first_row + 16 * M_TILES` of `tile`)
-/// into A fragments.
-///
-/// # Safety
-/// The tile's rows must have landed in shared memory.
-#[inline(always)]
-pub unsafe fn load_q_fragments<
-    const M_TILES: usize,
-    const HEAD_DIM: usize,
-    const HEAD_DIM_16: usize,
->(
+/// The warp's query rows as the A operand of `Q K^T`: either loaded into
+/// registers once (`IN_REGISTERS`), or re-read from the Q tile at every
+/// k-step, which frees `2 * M_TILES * HEAD_DIM / 8` registers per lane for
+/// more rows per warp.
+pub struct QOperand<const M_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize, const IN_REGISTERS: bool> {
     tile: SmemTile<HEAD_DIM>,
-    first_row: u32,
-    lane: u32,
-) -> QFragments<M_TILES, HEAD_DIM_16> {
-    const { assert!(HEAD_DIM_16 * 16 == HEAD_DIM) }
-    // Matrices 0..3: rows 0-7 / 8-15 of columns 0-7, then of columns 8-15.
-    let row_in_tile = (lane % 8) + 8 * ((lane / 8) % 2);
-    let chunk_in_step = lane / 16;
-    let mut q = [[[0u32; 4]; HEAD_DIM_16]; M_TILES];
-    for (m, q_m) in q.iter_mut().enumerate() {
-        let row = first_row + (m as u32) * 16 + row_in_tile;
-        for (k, q_mk) in q_m.iter_mut().enumerate() {
-            *q_mk = arch::ldmatrix_x4(tile.chunk_addr(row, (k as u32) * 2 + chunk_in_step));
+    /// Tile row of this lane's ldmatrix address in m-tile 0.
+    lane_row: u32,
+    /// Chunk of this lane's ldmatrix address within a k-step.
+    lane_chunk: u32,
+    /// With `IN_REGISTERS`, the fragments `[m_tile][k_step]`; otherwise
+    /// never written after initialisation, so the compiler drops them.
+    fragments: [[[u32; 4]; HEAD_DIM_16]; M_TILES],
+}
+
+impl<const M_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize, const IN_REGISTERS: bool>
+    QOperand<M_TILES, HEAD_DIM, HEAD_DIM_16, IN_REGISTERS>
+{
+    /// The warp's rows `first_row..first_row + 16 * M_TILES` of `tile`.
+    ///
+    /// # Safety
+    /// With `IN_REGISTERS`, the tile's rows must have landed in shared memory.
+    #[inline(always)]
+    pub unsafe fn new(tile: SmemTile<HEAD_DIM>, first_row: u32, lane: u32) -> Self {
+        const { assert!(HEAD_DIM_16 * 16 == HEAD_DIM) }
+        // Matrices 0..3: rows 0-7 / 8-15 of columns 0-7, then of columns 8-15.
+        let mut q = Self {
+            tile,
+            lane_row: first_row + (lane % 8) + 8 * ((lane / 8) % 2),
+            lane_chunk: lane / 16,
+            fragments: [[[0u32; 4]; HEAD_DIM_16]; M_TILES],
+        };
+        if IN_REGISTERS {
+            for m in 0..M_TILES {
+                for k in 0..HEAD_DIM_16 {
+                    q.fragments[m][k] = q.load(m, k);
+                }
+            }
+        }
+        q
+    }
+
+    #[inline(always)]
+    unsafe fn load(&self, m: usize, k: usize) -> [u32; 4] {
+        arch::ldmatrix_x4(self.tile.chunk_addr(self.lane_row + (m as u32) * 16, (k as u32) * 2 + self.lane_chunk))
+    }
+
+    /// The A fragment of m-tile `m`, k-step `k`.
+    ///
+    /// # Safety
+    /// Without `IN_REGISTERS`, the Q tile must still hold Q.
+    #[inline(always)]
+    pub unsafe fn fragment(&self, m: usize, k: usize) -> [u32; 4] {
+        if IN_REGISTERS {
+            self.fragments[m][k]
+        } else {
+            self.load(m, k)
         }
     }
-    q
 }
 
 /// `s = q k^T` for the warp's rows against all `N_TILES * 8` keys of `k_tile`.
@@ -61,8 +90,9 @@ pub unsafe fn scores<
     const N_TILES: usize,
     const HEAD_DIM: usize,
     const HEAD_DIM_16: usize,
+    const Q_IN_REGISTERS: bool,
 >(
-    q: &QFragments<M_TILES, HEAD_DIM_16>,
+    q: &QOperand<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>,
     k_tile: SmemTile<HEAD_DIM>,
     lane: u32,
 ) -> Accumulators<M_TILES, N_TILES> {
@@ -73,12 +103,13 @@ pub unsafe fn scores<
     let chunk_in_step = (lane / 8) % 2;
     let mut s = [[[0f32; 4]; N_TILES]; M_TILES];
     for k in 0..HEAD_DIM_16 {
+        let a: [[u32; 4]; M_TILES] = core::array::from_fn(|m| q.fragment(m, k));
         for pair in 0..N_TILES / 2 {
             let key = (pair as u32) * 16 + key_in_pair;
             let b = arch::ldmatrix_x4(k_tile.chunk_addr(key, (k as u32) * 2 + chunk_in_step));
             for m in 0..M_TILES {
-                E::mma(&mut s[m][2 * pair], &q[m][k], &[b[0], b[1]]);
-                E::mma(&mut s[m][2 * pair + 1], &q[m][k], &[b[2], b[3]]);
+                E::mma(&mut s[m][2 * pair], &a[m], &[b[0], b[1]]);
+                E::mma(&mut s[m][2 * pair + 1], &a[m], &[b[2], b[3]]);
             }
         }
     }
@@ -88,12 +119,7 @@ pub unsafe fn scores<
 /// Rounds probabilities (C fragments, f32) to A fragments of `E`: the C
 /// layout of n-tiles 2j and 2j+1 is the A layout of k-step j.
 #[inline(always)]
-pub fn probabilities_as_a<
-    E: Element,
-    const M_TILES: usize,
-    const N_TILES: usize,
-    const N_STEPS: usize,
->(
+pub fn probabilities_as_a<E: Element, const M_TILES: usize, const N_TILES: usize, const N_STEPS: usize>(
     p: &Accumulators<M_TILES, N_TILES>,
 ) -> [[[u32; 4]; N_STEPS]; M_TILES] {
     const { assert!(N_STEPS * 2 == N_TILES) }
@@ -101,12 +127,7 @@ pub fn probabilities_as_a<
     for m in 0..M_TILES {
         for j in 0..N_STEPS {
             let (lo, hi) = (&p[m][2 * j], &p[m][2 * j + 1]);
-            a[m][j] = [
-                E::pack(lo[0], lo[1]),
-                E::pack(lo[2], lo[3]),
-                E::pack(hi[0], hi[1]),
-                E::pack(hi[2], hi[3]),
-            ];
+            a[m][j] = [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])];
         }
     }
     a
@@ -137,8 +158,7 @@ pub unsafe fn accumulate_pv<
     for j in 0..N_STEPS {
         let key = (j as u32) * 16 + key_in_step;
         for pair in 0..DIM_TILES / 2 {
-            let b =
-                arch::ldmatrix_x4_trans(v_tile.chunk_addr(key, (pair as u32) * 2 + chunk_in_pair));
+            let b = arch::ldmatrix_x4_trans(v_tile.chunk_addr(key, (pair as u32) * 2 + chunk_in_pair));
             for m in 0..M_TILES {
                 E::mma(&mut o[m][2 * pair], &p[m][j], &[b[0], b[1]]);
                 E::mma(&mut o[m][2 * pair + 1], &p[m][j], &[b[2], b[3]]);

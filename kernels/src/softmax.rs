@@ -22,10 +22,7 @@ pub struct OnlineSoftmax<const M_TILES: usize> {
 impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
     #[inline(always)]
     pub fn new() -> Self {
-        Self {
-            row_max: [[f32::NEG_INFINITY; 2]; M_TILES],
-            row_sum: [[0.0; 2]; M_TILES],
-        }
+        Self { row_max: [[f32::NEG_INFINITY; 2]; M_TILES], row_sum: [[0.0; 2]; M_TILES] }
     }
 
     /// Turns the scores `s` of one key block into probabilities in place,
@@ -48,11 +45,7 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
                 block_max = block_max.max(arch::shfl_xor_f32(block_max, 2));
                 // A row with every score masked so far keeps max -inf; shift
                 // by 0 then so that exp2(-inf - shift) is 0, not NaN.
-                let shift = if block_max == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    block_max * scale_log2
-                };
+                let shift = if block_max == f32::NEG_INFINITY { 0.0 } else { block_max * scale_log2 };
                 let rescale = arch::exp2(self.row_max[m][half] * scale_log2 - shift);
                 self.row_max[m][half] = block_max;
                 let mut sum = self.row_sum[m][half] * rescale;
@@ -116,11 +109,7 @@ impl ScoreMask {
         for (m, s_m) in s.iter_mut().enumerate() {
             for half in 0..2 {
                 let row = self.first_row + lane_row + (m as i32) * 16 + (half as i32) * 8;
-                let key_end = if CAUSAL {
-                    self.seqlen_k.min(row + self.diagonal + 1)
-                } else {
-                    self.seqlen_k
-                };
+                let key_end = if CAUSAL { self.seqlen_k.min(row + self.diagonal + 1) } else { self.seqlen_k };
                 for (n, tile) in s_m.iter_mut().enumerate() {
                     for c in 0..2 {
                         if lane_key + (n as i32) * 8 + c as i32 >= key_end {

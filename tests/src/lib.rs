@@ -63,22 +63,14 @@ pub fn gpu(test: &str) -> Option<(Context, FlashAttention)> {
     let context = match flash_attn::cust::quick_init() {
         Ok(c) => c,
         Err(e) => {
-            skipped(
-                test,
-                &format!(
-                    "no usable CUDA GPU ({e}); the GPU tests run on a GPU machine (see README)"
-                ),
-            );
+            skipped(test, &format!("no usable CUDA GPU ({e}); the GPU tests run on a GPU machine (see README)"));
             return None;
         }
     };
     match FlashAttention::new() {
         Ok(attention) => Some((context, attention)),
         Err(flash_attn::Error::UnsupportedDevice { major, minor }) => {
-            skipped(
-                test,
-                &format!("GPU has compute capability {major}.{minor}; the kernels need 8.0+"),
-            );
+            skipped(test, &format!("GPU has compute capability {major}.{minor}; the kernels need 8.0+"));
             None
         }
         Err(e) => panic!("loading the kernels failed: {e}"),
@@ -139,31 +131,15 @@ fn span(shape: [usize; 4], strides: [usize; 4]) -> usize {
 /// Every index of a `[b, s, h, d]` shape, in row-major order.
 fn indices(shape: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
     let [nb, ns, nh, nd] = shape;
-    (0..nb).flat_map(move |b| {
-        (0..ns).flat_map(move |s| (0..nh).flat_map(move |h| (0..nd).map(move |d| [b, s, h, d])))
-    })
+    (0..nb).flat_map(move |b| (0..ns).flat_map(move |s| (0..nh).flat_map(move |h| (0..nd).map(move |d| [b, s, h, d]))))
 }
 
 /// Fresh random normal values (every buffer element, padding too).
-pub fn random_tensor<T: TestElement>(
-    rng: &mut impl Rng,
-    shape: [usize; 4],
-    placement: Placement,
-) -> HostTensor<T> {
+pub fn random_tensor<T: TestElement>(rng: &mut impl Rng, shape: [usize; 4], placement: Placement) -> HostTensor<T> {
     let strides = placement.strides(shape);
-    let buffer: Vec<T> = normal(rng, span(shape, strides))
-        .into_iter()
-        .map(T::from_f32)
-        .collect();
-    let dense = indices(shape)
-        .map(|i| buffer[offset(i, strides)].to_f64())
-        .collect();
-    HostTensor {
-        buffer,
-        shape,
-        strides,
-        dense,
-    }
+    let buffer: Vec<T> = normal(rng, span(shape, strides)).into_iter().map(T::from_f32).collect();
+    let dense = indices(shape).map(|i| buffer[offset(i, strides)].to_f64()).collect();
+    HostTensor { buffer, shape, strides, dense }
 }
 
 /// One test case.
@@ -198,11 +174,7 @@ pub struct Inputs<T> {
 pub fn random_inputs<T: TestElement>(case: &Case, rng: &mut impl Rng) -> Inputs<T> {
     let kv_shape = [case.batch, case.seqlen_k, case.heads_kv, case.head_dim];
     Inputs {
-        q: random_tensor(
-            rng,
-            [case.batch, case.seqlen_q, case.heads_q, case.head_dim],
-            case.placement,
-        ),
+        q: random_tensor(rng, [case.batch, case.seqlen_q, case.heads_q, case.head_dim], case.placement),
         k: random_tensor(rng, kv_shape, case.placement),
         v: random_tensor(rng, kv_shape, case.placement),
     }
@@ -210,26 +182,17 @@ pub fn random_inputs<T: TestElement>(case: &Case, rng: &mut impl Rng) -> Inputs<
 
 /// Runs `case` on the GPU into NaN-poisoned outputs; returns O gathered
 /// densely (`[b, sq, hq, d]`) and the LSE.
-pub fn launch<T: TestElement>(
-    attention: &FlashAttention,
-    case: &Case,
-    inputs: &Inputs<T>,
-) -> (Vec<f64>, Vec<f32>) {
+pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &Inputs<T>) -> (Vec<f64>, Vec<f32>) {
     let Inputs { q, k, v } = inputs;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
     let upload = |t: &HostTensor<T>| DeviceBuffer::from_slice(&t.buffer).expect("upload");
     let (q_dev, k_dev, v_dev) = (upload(q), upload(k), upload(v));
     let o_strides = case.placement.strides(q.shape);
-    let mut o_dev =
-        DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); span(q.shape, o_strides)])
-            .expect("o");
+    let mut o_dev = DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); span(q.shape, o_strides)]).expect("o");
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
     let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; lse_len]).expect("lse");
 
-    let params = AttentionParams {
-        causal: case.causal,
-        softmax_scale: case.softmax_scale,
-    };
+    let params = AttentionParams { causal: case.causal, softmax_scale: case.softmax_scale };
     attention
         .forward_into(
             Tensor::strided(&q_dev, q.shape, q.strides),
@@ -241,28 +204,19 @@ pub fn launch<T: TestElement>(
             &stream,
         )
         .unwrap_or_else(|e| panic!("{case:?}: forward refused: {e}"));
-    stream
-        .synchronize()
-        .unwrap_or_else(|e| panic!("{case:?}: kernel failed: {e}"));
+    stream.synchronize().unwrap_or_else(|e| panic!("{case:?}: kernel failed: {e}"));
 
     let mut o_host = vec![T::default(); o_dev.len()];
     o_dev.copy_to(&mut o_host[..]).expect("download o");
     let mut lse = vec![0f32; lse_len];
     lse_dev.copy_to(&mut lse[..]).expect("download lse");
-    let o = indices(q.shape)
-        .map(|i| o_host[offset(i, o_strides)].to_f64())
-        .collect();
+    let o = indices(q.shape).map(|i| o_host[offset(i, o_strides)].to_f64()).collect();
     (o, lse)
 }
 
 /// Checks a GPU result against the f64 reference; panics, naming the case,
 /// on any failure.
-pub fn check<T: TestElement>(
-    case: &Case,
-    inputs: &Inputs<T>,
-    o: &[f64],
-    lse: &[f32],
-) -> CaseResult {
+pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[f32]) -> CaseResult {
     let problem = ReferenceProblem {
         batch: case.batch,
         seqlen_q: case.seqlen_q,
@@ -271,24 +225,15 @@ pub fn check<T: TestElement>(
         heads_kv: case.heads_kv,
         head_dim: case.head_dim,
         causal: case.causal,
-        softmax_scale: case
-            .softmax_scale
-            .map_or(1.0 / (case.head_dim as f64).sqrt(), f64::from),
+        softmax_scale: case.softmax_scale.map_or(1.0 / (case.head_dim as f64).sqrt(), f64::from),
     };
-    let expected =
-        reference::attention(&problem, &inputs.q.dense, &inputs.k.dense, &inputs.v.dense);
+    let expected = reference::attention(&problem, &inputs.q.dense, &inputs.k.dense, &inputs.v.dense);
     if let Some(bad) = o.iter().position(|x| !x.is_finite()) {
-        panic!(
-            "{case:?}: O[{bad}] = {} is not finite (unwritten or NaN)",
-            o[bad]
-        );
+        panic!("{case:?}: O[{bad}] = {} is not finite (unwritten or NaN)", o[bad]);
     }
     let o_error = if expected.o.iter().all(|&x| x == 0.0) {
         // Every row masked: O must be exactly zero.
-        assert!(
-            o.iter().all(|&x| x == 0.0),
-            "{case:?}: rows that see no key must give O = 0"
-        );
+        assert!(o.iter().all(|&x| x == 0.0), "{case:?}: rows that see no key must give O = 0");
         0.0
     } else {
         reference::relative_l2_error(o, &expected.o)
@@ -303,31 +248,18 @@ pub fn check<T: TestElement>(
     let mut lse_max_error = 0f64;
     for (i, (&got, &want)) in lse.iter().zip(&expected.lse).enumerate() {
         if want == f64::NEG_INFINITY {
-            assert!(
-                got == f32::NEG_INFINITY,
-                "{case:?}: LSE[{i}] = {got}, expected -inf (row sees no key)"
-            );
+            assert!(got == f32::NEG_INFINITY, "{case:?}: LSE[{i}] = {got}, expected -inf (row sees no key)");
         } else {
             let err = (got as f64 - want).abs();
-            assert!(
-                err.is_finite() && err <= LSE_TOLERANCE,
-                "{case:?}: LSE[{i}] = {got}, expected {want}"
-            );
+            assert!(err.is_finite() && err <= LSE_TOLERANCE, "{case:?}: LSE[{i}] = {got}, expected {want}");
             lse_max_error = lse_max_error.max(err);
         }
     }
-    CaseResult {
-        o_error,
-        lse_max_error,
-    }
+    CaseResult { o_error, lse_max_error }
 }
 
 /// Runs `case` with fresh random inputs and checks it against the reference.
-pub fn run_case<T: TestElement>(
-    attention: &FlashAttention,
-    case: &Case,
-    rng: &mut impl Rng,
-) -> CaseResult {
+pub fn run_case<T: TestElement>(attention: &FlashAttention, case: &Case, rng: &mut impl Rng) -> CaseResult {
     let inputs = random_inputs::<T>(case, rng);
     let (o, lse) = launch(attention, case, &inputs);
     check(case, &inputs, &o, &lse)
@@ -335,23 +267,11 @@ pub fn run_case<T: TestElement>(
 
 /// Runs `case` twice on the same inputs and asserts bit-identical outputs,
 /// which a race between warps would break.
-pub fn assert_deterministic<T: TestElement>(
-    attention: &FlashAttention,
-    case: &Case,
-    rng: &mut impl Rng,
-) {
+pub fn assert_deterministic<T: TestElement>(attention: &FlashAttention, case: &Case, rng: &mut impl Rng) {
     let inputs = random_inputs::<T>(case, rng);
     let (o1, lse1) = launch(attention, case, &inputs);
     let (o2, lse2) = launch(attention, case, &inputs);
     check(case, &inputs, &o1, &lse1);
-    assert!(
-        o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "{case:?}: O differs between two runs"
-    );
-    assert!(
-        lse1.iter()
-            .zip(&lse2)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "{case:?}: LSE differs between two runs"
-    );
+    assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()), "{case:?}: O differs between two runs");
+    assert!(lse1.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits()), "{case:?}: LSE differs between two runs");
 }

@@ -43,11 +43,7 @@ fn matrix(head_dim: usize, causal: bool) -> Vec<Case> {
                 head_dim,
                 causal,
                 softmax_scale: if i % 4 == 3 { Some(0.3) } else { None },
-                placement: [
-                    Placement::Contiguous,
-                    Placement::HeadsMajor,
-                    Placement::Padded,
-                ][i % 3],
+                placement: [Placement::Contiguous, Placement::HeadsMajor, Placement::Padded][i % 3],
             }
         })
         .collect()
@@ -141,9 +137,7 @@ fn memcheck_ragged_causal_gqa() {
                 placement: Placement::Padded,
             };
             let r = run_case::<bf16>(&attention, &case, &mut rng);
-            println!(
-                "memcheck_ragged_causal_gqa: ok d={head_dim} sq={seqlen_q} sk={seqlen_k}: {r:?}"
-            );
+            println!("memcheck_ragged_causal_gqa: ok d={head_dim} sq={seqlen_q} sk={seqlen_k}: {r:?}");
         }
     }
 }

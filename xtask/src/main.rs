@@ -24,10 +24,7 @@ fn main() {
             build_ptx(check, require_ptxas)
         }
         Some("gpu-bundle") => gpu_bundle(),
-        _ => Err(
-            "usage: cargo xtask build-ptx [--check] [--require-ptxas] | cargo xtask gpu-bundle"
-                .into(),
-        ),
+        _ => Err("usage: cargo xtask build-ptx [--check] [--require-ptxas] | cargo xtask gpu-bundle".into()),
     };
     if let Err(message) = result {
         eprintln!("xtask: error: {message}");
@@ -38,17 +35,12 @@ fn main() {
 type Result<T> = std::result::Result<T, String>;
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: running {cmd:?}");
-    let status = cmd
-        .status()
-        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let status = cmd.status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -62,25 +54,14 @@ fn compile_kernels(root: &Path) -> Result<String> {
     // The LLVM unroll threshold is raised so that every loop over fragments
     // unrolls: a loop left rolled indexes the accumulator arrays at run time
     // and sends them to local memory (ptxas then reports a stack frame).
-    let rustflags = format!("target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={PTX_ARCH}\",\"-Cllvm-args=-unroll-threshold=1000\"]");
-    run(
-        Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(root.join("kernels"))
-            .args([
-                "build",
-                "--release",
-                "--target",
-                PTX_TARGET,
-                "-Zbuild-std=core",
-                "--config",
-                &rustflags,
-            ])
-            .arg("--target-dir")
-            .arg(&target_dir),
-    )?;
-    let ptx_path = target_dir
-        .join(PTX_TARGET)
-        .join("release/flash_attn_kernels.ptx");
+    let rustflags =
+        format!("target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={PTX_ARCH}\",\"-Cllvm-args=-unroll-threshold=1000\"]");
+    run(Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root.join("kernels"))
+        .args(["build", "--release", "--target", PTX_TARGET, "-Zbuild-std=core", "--config", &rustflags])
+        .arg("--target-dir")
+        .arg(&target_dir))?;
+    let ptx_path = target_dir.join(PTX_TARGET).join("release/flash_attn_kernels.ptx");
     fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))
 }
 
@@ -97,8 +78,7 @@ fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
         }
         println!("xtask: {COMMITTED_PTX} is fresh ({} bytes)", ptx.len());
     } else {
-        fs::write(&committed_path, &ptx)
-            .map_err(|e| format!("cannot write {}: {e}", committed_path.display()))?;
+        fs::write(&committed_path, &ptx).map_err(|e| format!("cannot write {}: {e}", committed_path.display()))?;
         println!("xtask: wrote {COMMITTED_PTX} ({} bytes)", ptx.len());
     }
     check_resources(&root, &committed_path, require_ptxas)
@@ -112,19 +92,11 @@ fn find_ptxas(root: &Path) -> Option<PathBuf> {
     let in_venv = fs::read_dir(&venv).ok().and_then(|entries| {
         entries
             .flatten()
-            .map(|python| {
-                python
-                    .path()
-                    .join("site-packages/nvidia/cuda_nvcc/bin/ptxas")
-            })
+            .map(|python| python.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas"))
             .find(|p| p.is_file())
     });
     in_venv.or_else(|| {
-        env::var_os("PATH").and_then(|paths| {
-            env::split_paths(&paths)
-                .map(|d| d.join("ptxas"))
-                .find(|p| p.is_file())
-        })
+        env::var_os("PATH").and_then(|paths| env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file()))
     })
 }
 
@@ -148,10 +120,7 @@ fn parse_ptxas_report(report: &str) -> Vec<Resources> {
     let mut kernels: Vec<Resources> = Vec::new();
     for line in report.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-            kernels.push(Resources {
-                name: rest.split('\'').next().unwrap_or("").into(),
-                ..Default::default()
-            });
+            kernels.push(Resources { name: rest.split('\'').next().unwrap_or("").into(), ..Default::default() });
         } else if let Some(current) = kernels.last_mut() {
             if line.contains("bytes stack frame") {
                 current.stack_frame = number_before(line, "bytes stack frame").unwrap_or(0);
@@ -171,16 +140,12 @@ fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
         if require_ptxas {
             return Err("ptxas not found (set PTXAS or run scripts/setup.sh)".into());
         }
-        println!(
-            "xtask: ptxas not found: resource check NOT run (set PTXAS or run scripts/setup.sh)"
-        );
+        println!("xtask: ptxas not found: resource check NOT run (set PTXAS or run scripts/setup.sh)");
         return Ok(());
     };
     let mut failures = Vec::new();
     for arch in PTXAS_ARCHES {
-        let out_file = root
-            .join("target/ptx")
-            .join(format!("kernels.{arch}.cubin"));
+        let out_file = root.join("target/ptx").join(format!("kernels.{arch}.cubin"));
         let output = Command::new(&ptxas)
             .args(["-v", &format!("-arch={arch}"), "-o"])
             .arg(&out_file)
@@ -195,18 +160,13 @@ fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
         if kernels.is_empty() {
             return Err(format!("ptxas -arch={arch} reported no kernels:\n{report}"));
         }
-        println!(
-            "ptxas {arch}: {:<28} {:>5} {:>6} {:>7} {:>7}",
-            "kernel", "regs", "stack", "spill-st", "spill-ld"
-        );
+        println!("ptxas {arch}: {:<28} {:>5} {:>6} {:>7} {:>7}", "kernel", "regs", "stack", "spill-st", "spill-ld");
         for k in &kernels {
             println!(
                 "ptxas {arch}: {:<28} {:>5} {:>6} {:>7} {:>7}",
                 k.name, k.registers, k.stack_frame, k.spill_stores, k.spill_loads
             );
-            if k.name.starts_with("flash_fwd")
-                && (k.stack_frame > 0 || k.spill_stores > 0 || k.spill_loads > 0)
-            {
+            if k.name.starts_with("flash_fwd") && (k.stack_frame > 0 || k.spill_stores > 0 || k.spill_loads > 0) {
                 failures.push(format!(
                     "{arch} {}: stack frame {} B, spills {}/{} B",
                     k.name, k.stack_frame, k.spill_stores, k.spill_loads
@@ -218,10 +178,7 @@ fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
         println!("xtask: ptxas: no spills and no stack frame in any attention kernel");
         Ok(())
     } else {
-        Err(format!(
-            "attention kernels use local memory:\n  {}",
-            failures.join("\n  ")
-        ))
+        Err(format!("attention kernels use local memory:\n  {}", failures.join("\n  ")))
     }
 }
 
@@ -236,43 +193,24 @@ fn gpu_bundle() -> Result<()> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(&cargo)
         .current_dir(&root)
-        .args([
-            "test",
-            "--release",
-            "--no-run",
-            "--message-format=json",
-            "-p",
-            "flash-attn-tests",
-            "-p",
-            "flash-attn",
-        ])
+        .args(["test", "--release", "--no-run", "--message-format=json", "-p", "flash-attn-tests", "-p", "flash-attn"])
         .output()
         .map_err(|e| e.to_string())?;
     if !output.status.success() {
-        return Err(format!(
-            "building tests failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
+        return Err(format!("building tests failed:\n{}", String::from_utf8_lossy(&output.stderr)));
     }
     let mut copied = Vec::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let (Some(exe), Some(name)) = (
-            message["executable"].as_str(),
-            message["target"]["name"].as_str(),
-        ) else {
+        let (Some(exe), Some(name)) = (message["executable"].as_str(), message["target"]["name"].as_str()) else {
             continue;
         };
         let kind = message["target"]["kind"][0].as_str().unwrap_or("");
-        let dest = bundle.join("bin").join(format!(
-            "test-{}-{kind}-{name}",
-            message["package_id"]
-                .as_str()
-                .map(package_name)
-                .unwrap_or("x")
-        ));
+        let dest = bundle
+            .join("bin")
+            .join(format!("test-{}-{kind}-{name}", message["package_id"].as_str().map(package_name).unwrap_or("x")));
         fs::copy(exe, &dest).map_err(|e| format!("copy {exe}: {e}"))?;
         copied.push(dest);
     }
@@ -284,16 +222,11 @@ fn gpu_bundle() -> Result<()> {
         "--bin",
         "bench",
     ]))?;
-    fs::copy(root.join("target/release/bench"), bundle.join("bin/bench"))
-        .map_err(|e| e.to_string())?;
+    fs::copy(root.join("target/release/bench"), bundle.join("bin/bench")).map_err(|e| e.to_string())?;
     for script in ["gpu-check.sh", "bench_torch.py"] {
-        fs::copy(root.join("scripts").join(script), bundle.join(script))
-            .map_err(|e| format!("{script}: {e}"))?;
+        fs::copy(root.join("scripts").join(script), bundle.join(script)).map_err(|e| format!("{script}: {e}"))?;
     }
-    println!(
-        "xtask: gpu-bundle/ holds {} test executables, bin/bench and gpu-check.sh",
-        copied.len()
-    );
+    println!("xtask: gpu-bundle/ holds {} test executables, bin/bench and gpu-check.sh", copied.len());
     println!("xtask: on the GPU machine run: bash gpu-bundle/gpu-check.sh");
     Ok(())
 }
@@ -325,26 +258,13 @@ ptxas info    : Used 12 registers, 400 bytes smem
         assert_eq!(kernels.len(), 2);
         let k = &kernels[0];
         assert_eq!(k.name, "flash_fwd_d64_f16_full");
-        assert_eq!(
-            (k.registers, k.stack_frame, k.spill_stores, k.spill_loads),
-            (133, 16, 8, 4)
-        );
-        assert_eq!(
-            (
-                kernels[1].registers,
-                kernels[1].shared,
-                kernels[1].stack_frame
-            ),
-            (12, 400, 0)
-        );
+        assert_eq!((k.registers, k.stack_frame, k.spill_stores, k.spill_loads), (133, 16, 8, 4));
+        assert_eq!((kernels[1].registers, kernels[1].shared, kernels[1].stack_frame), (12, 400, 0));
     }
 
     #[test]
     fn names_packages_from_cargo_ids() {
-        assert_eq!(
-            package_name("path+file:///w/host#flash-attn@0.1.0"),
-            "flash-attn"
-        );
+        assert_eq!(package_name("path+file:///w/host#flash-attn@0.1.0"), "flash-attn");
         assert_eq!(package_name("path+file:///w/tests#0.1.0"), "0.1.0");
     }
 }

@@ -3,7 +3,7 @@
 //! dims 64 and 128, causal and not, f16 and bf16. TFLOP/s counts
 //! 4 * batch * heads * seqlen^2 * head_dim, halved for causal.
 //!
-//! `bench [--out FILE] [--quick]`: prints a table and writes one JSON object
+//! `bench [--out FILE] [--quick] [--head-dim D]`: prints a table and writes one JSON object
 //! per shape to FILE (for scripts/bench_torch.py, which adds torch's figures).
 
 use std::io::Write;
@@ -31,22 +31,12 @@ fn time_shape<T: TestElement>(
     let dims = [batch, shape.seqlen, heads, shape.head_dim];
     let n: usize = dims.iter().product();
     let mut rng = rand::thread_rng();
-    let mut random = || {
-        DeviceBuffer::from_slice(
-            &normal(&mut rng, n)
-                .into_iter()
-                .map(T::from_f32)
-                .collect::<Vec<T>>(),
-        )
-    };
+    let mut random = || DeviceBuffer::from_slice(&normal(&mut rng, n).into_iter().map(T::from_f32).collect::<Vec<T>>());
     let (q, k, v) = (random()?, random()?, random()?);
     let mut o = DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); n])?;
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-    let params = AttentionParams {
-        causal: shape.causal,
-        softmax_scale: None,
-    };
+    let params = AttentionParams { causal: shape.causal, softmax_scale: None };
     let run = |o: &mut DeviceBuffer<T>, lse: &mut DeviceBuffer<f32>| {
         attention.forward_into(
             Tensor::new(&q, dims),
@@ -63,10 +53,7 @@ fn time_shape<T: TestElement>(
     }
     stream.synchronize()?;
     let mut times = Vec::with_capacity(reps);
-    let (start, stop) = (
-        Event::new(EventFlags::DEFAULT)?,
-        Event::new(EventFlags::DEFAULT)?,
-    );
+    let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
     for _ in 0..reps {
         start.record(&stream)?;
         run(&mut o, &mut lse)?;
@@ -76,55 +63,37 @@ fn time_shape<T: TestElement>(
     }
     times.sort_by(|a, b| a.total_cmp(b));
     let median_ms = times[reps / 2];
-    let flops =
-        4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
-            / if shape.causal { 2.0 } else { 1.0 };
+    let flops = 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
+        / if shape.causal { 2.0 } else { 1.0 };
     Ok(flops / (median_ms * 1e-3) / 1e12)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let out_path = args
-        .iter()
-        .position(|a| a == "--out")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
+    let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
     let quick = args.iter().any(|a| a == "--quick");
-    let _context = flash_attn::cust::quick_init()
-        .map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
+    let only_head_dim: Option<usize> =
+        args.iter().position(|a| a == "--head-dim").and_then(|i| args.get(i + 1)).and_then(|d| d.parse().ok());
+    let _context =
+        flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
-    let seqlens: &[usize] = if quick {
-        &[1024, 4096]
-    } else {
-        &[512, 1024, 2048, 4096, 8192, 16384]
-    };
+    let seqlens: &[usize] = if quick { &[1024, 4096] } else { &[512, 1024, 2048, 4096, 8192, 16384] };
     let reps = if quick { 10 } else { 30 };
     let mut out = match &out_path {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
     };
-    println!(
-        "{:<6} {:>4} {:>7} {:>6} {:>10}",
-        "dtype", "d", "causal", "seqlen", "TFLOP/s"
-    );
+    println!("{:<6} {:>4} {:>7} {:>6} {:>10}", "dtype", "d", "causal", "seqlen", "TFLOP/s");
     for dtype in ["f16", "bf16"] {
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128].into_iter().filter(|d| only_head_dim.is_none_or(|only| only == *d)) {
             for causal in [false, true] {
                 for &seqlen in seqlens {
-                    let shape = Shape {
-                        seqlen,
-                        head_dim,
-                        causal,
-                        dtype,
-                    };
+                    let shape = Shape { seqlen, head_dim, causal, dtype };
                     let tflops = match dtype {
                         "f16" => time_shape::<f16>(&attention, &shape, reps)?,
                         _ => time_shape::<bf16>(&attention, &shape, reps)?,
                     };
-                    println!(
-                        "{:<6} {:>4} {:>7} {:>6} {:>10.1}",
-                        dtype, head_dim, causal, seqlen, tflops
-                    );
+                    println!("{:<6} {:>4} {:>7} {:>6} {:>10.1}", dtype, head_dim, causal, seqlen, tflops);
                     if let Some(f) = out.as_mut() {
                         writeln!(
                             f,
