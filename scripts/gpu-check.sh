@@ -27,6 +27,10 @@ for t in "$here"/bin/test-*; do
   rm "$results/$name.log.tmp"
 done
 
+echo "== demo"
+if "$here/bin/demo" > "$results/demo.log" 2>&1; then demo="ok"; else demo="FAILED"; fi
+cat "$results/demo.log"
+
 gpu_test="$(ls "$here"/bin/test-flash-attn-tests-test-gpu_forward* | head -n1)"
 echo "== compute-sanitizer memcheck on memcheck_ragged_causal_gqa"
 if compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu_test" memcheck_ragged_causal_gqa --exact --nocapture \
@@ -46,5 +50,5 @@ if "$here/bin/bench" --out "$results/ours.jsonl" "${bench_args[@]}" && \
   bench="done"
   cat "$results/bench.md"
 fi
-echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; memcheck $memcheck; benchmark $bench"
-[ "$tests_failed" = 0 ] && [ "$memcheck" = clean ] && [ "$bench" = done ]
+echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; memcheck $memcheck; benchmark $bench"
+[ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$memcheck" = clean ] && [ "$bench" = done ]

@@ -19,4 +19,10 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== PTX fresh and free of spills"
 cargo xtask build-ptx --check --require-ptxas
 echo "== cargo test"
-cargo test --workspace --release
+log="$(mktemp)"
+cargo test --workspace --release 2>&1 | tee "$log"
+# Totals over every test binary; GPU tests that found no GPU count as skipped.
+read -r passed failed < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } } END { print p + 0, f + 0 }' "$log")
+skipped=$(grep -c '^SKIPPED ' "$log" || true)
+rm -f "$log"
+echo "summary: $((passed - skipped)) passed, $failed failed, $skipped skipped"

@@ -226,7 +226,7 @@ fn gpu_bundle() -> Result<()> {
     for script in ["gpu-check.sh", "bench_torch.py"] {
         fs::copy(root.join("scripts").join(script), bundle.join(script)).map_err(|e| format!("{script}: {e}"))?;
     }
-    println!("xtask: gpu-bundle/ holds {} test executables, bin/bench and gpu-check.sh", copied.len());
+    println!("xtask: gpu-bundle/ holds {} test executables, bin/bench, bin/demo and gpu-check.sh", copied.len());
     println!("xtask: on the GPU machine run: bash gpu-bundle/gpu-check.sh");
     Ok(())
 }
