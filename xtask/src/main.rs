@@ -207,6 +207,11 @@ fn gpu_bundle() -> Result<()> {
         let (Some(exe), Some(name)) = (message["executable"].as_str(), message["target"]["name"].as_str()) else {
             continue;
         };
+        // Only test harnesses: `cargo test` also builds examples, which are
+        // not tests.
+        if message["profile"]["test"] != serde_json::Value::Bool(true) {
+            continue;
+        }
         let kind = message["target"]["kind"][0].as_str().unwrap_or("");
         let dest = bundle
             .join("bin")
@@ -214,15 +219,13 @@ fn gpu_bundle() -> Result<()> {
         fs::copy(exe, &dest).map_err(|e| format!("copy {exe}: {e}"))?;
         copied.push(dest);
     }
-    run(Command::new(&cargo).current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "flash-attn-tests",
-        "--bin",
-        "bench",
-    ]))?;
+    let build = |package: &str, target_kind: &str, name: &str| {
+        run(Command::new(&cargo).current_dir(&root).args(["build", "--release", "-p", package, target_kind, name]))
+    };
+    build("flash-attn-tests", "--bin", "bench")?;
     fs::copy(root.join("target/release/bench"), bundle.join("bin/bench")).map_err(|e| e.to_string())?;
+    build("flash-attn", "--example", "demo")?;
+    fs::copy(root.join("target/release/examples/demo"), bundle.join("bin/demo")).map_err(|e| e.to_string())?;
     for script in ["gpu-check.sh", "bench_torch.py"] {
         fs::copy(root.join("scripts").join(script), bundle.join(script)).map_err(|e| format!("{script}: {e}"))?;
     }
