@@ -23,6 +23,8 @@ pub enum Error {
     TooLarge { what: &'static str, value: usize, max: usize },
     /// The output overlaps an input.
     Aliasing,
+    /// The output's strides make distinct elements share memory.
+    OverlappingOutput { strides: [usize; 4] },
     /// The softmax scale must be finite and positive.
     InvalidScale(f32),
     /// The GPU's compute capability is below 8.0 (mma.sync bf16, cp.async).
@@ -57,6 +59,9 @@ impl fmt::Display for Error {
                 write!(f, "{what} = {value} exceeds the supported maximum {max}")
             }
             Error::Aliasing => write!(f, "the output overlaps an input"),
+            Error::OverlappingOutput { strides } => {
+                write!(f, "o: strides {strides:?} make distinct elements share memory")
+            }
             Error::InvalidScale(s) => write!(f, "softmax_scale must be finite and > 0, got {s}"),
             Error::UnsupportedDevice { major, minor } => {
                 write!(f, "compute capability {major}.{minor} is not supported; sm_80 or newer is required")

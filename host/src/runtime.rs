@@ -141,28 +141,21 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Output<T>> {
-        let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
-        let len = batch * seqlen_q * heads_q * head_dim;
-        // Validate before allocating, so that bad input allocates nothing.
-        let dummy_o = Placed {
-            name: "o",
-            layout: Layout::contiguous(q.layout.shape),
-            // The top of the address space: 16-byte aligned, overlapping no input.
-            addr: !15,
-            buffer_len: len,
-        };
-        validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &dummy_o, 0, batch * heads_q * seqlen_q, params)?;
+        let [batch, seqlen_q, heads_q, _] = q.layout.shape;
+        let too_large = Error::TooLarge { what: "q elements", value: usize::MAX, max: isize::MAX as usize };
+        let len = q.layout.elements().ok_or(too_large.clone())?;
+        let lse_len = batch.checked_mul(heads_q).and_then(|n| n.checked_mul(seqlen_q)).ok_or(too_large)?;
+        // Validate before allocating, so that bad input allocates nothing. The
+        // stand-in outputs sit at 2^63 and above, where no device allocation
+        // lives (GPU virtual addresses are 49 bits), so they overlap no input.
+        let o_addr = 1u64 << 63;
+        let lse_addr = o_addr.saturating_add((len as u64).saturating_mul(2)).saturating_add(15) & !15;
+        let stand_in_o =
+            Placed { name: "o", layout: Layout::contiguous(q.layout.shape), addr: o_addr, buffer_len: len };
+        validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &stand_in_o, lse_addr, lse_len, params)?;
         let mut o = unsafe { DeviceBuffer::<T>::uninitialized(len)? };
-        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(batch * heads_q * seqlen_q)? };
-        let problem = self.forward_into(
-            q,
-            k,
-            v,
-            TensorMut::new(&mut o, [batch, seqlen_q, heads_q, head_dim]),
-            &mut lse,
-            params,
-            stream,
-        )?;
+        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
+        let problem = self.forward_into(q, k, v, TensorMut::new(&mut o, q.layout.shape), &mut lse, params, stream)?;
         Ok(Output { o, lse, problem })
     }
 

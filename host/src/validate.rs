@@ -13,10 +13,33 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// A densely packed, row-major layout of `shape`.
+    /// A densely packed, row-major layout of `shape` (strides saturate on
+    /// overflow, which validation then reports as too large).
     pub fn contiguous(shape: [usize; 4]) -> Self {
         let [_, s, h, d] = shape;
-        Layout { shape, strides: [s * h * d, h * d, d, 1] }
+        Layout { shape, strides: [s.saturating_mul(h).saturating_mul(d), h.saturating_mul(d), d, 1] }
+    }
+
+    /// Number of elements, or `None` on overflow.
+    pub fn elements(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    /// Whether distinct indices address distinct elements: sorted by stride,
+    /// each dimension steps past everything the smaller ones span.
+    pub fn is_non_overlapping(&self) -> bool {
+        let mut dims: Vec<(usize, usize)> =
+            self.shape.iter().copied().zip(self.strides).filter(|&(n, _)| n > 1).collect();
+        dims.sort_by_key(|&(_, stride)| stride);
+        let mut spanned = 1usize;
+        for (n, stride) in dims {
+            if stride < spanned {
+                return false;
+            }
+            let Some(next) = stride.checked_mul(n) else { return false };
+            spanned = next;
+        }
+        true
     }
 
     /// A layout with the given strides.
@@ -156,6 +179,9 @@ pub fn validate(
     }
     if o.layout.shape != q.layout.shape {
         return Err(Error::ShapeMismatch(format!("o is {:?} but q is {:?}", o.layout.shape, q.layout.shape)));
+    }
+    if !o.layout.is_non_overlapping() {
+        return Err(Error::OverlappingOutput { strides: o.layout.strides });
     }
     let config = tile_config(head_dim)?;
     if heads_q % heads_kv != 0 {
@@ -378,6 +404,40 @@ mod tests {
         call.lse_len = usize::MAX / 8;
         call.lse_addr = 1 << 50;
         assert_eq!(call.run().unwrap_err(), Error::TooLarge { what: "heads_q", value: 70_000, max: MAX_GRID_YZ });
+    }
+
+    #[test]
+    fn rejects_outputs_whose_elements_share_memory() {
+        let mut call = Call::new(64);
+        // Stride 0 over the batch: both batches would write the same rows.
+        call.o.layout.strides[0] = 0;
+        assert_eq!(call.run().unwrap_err(), Error::OverlappingOutput { strides: call.o.layout.strides });
+        let mut call = Call::new(64);
+        // Heads 32 elements apart, but each head holds 64.
+        call.o.layout.strides[2] = 32;
+        assert!(matches!(call.run().unwrap_err(), Error::OverlappingOutput { .. }));
+        // Inputs may broadcast (stride 0): only reads.
+        let mut call = Call::new(64);
+        call.k.layout.strides[0] = 0;
+        call.v.layout.strides[0] = 0;
+        assert!(call.run().is_ok());
+    }
+
+    #[test]
+    fn non_overlap_accepts_permuted_and_padded_layouts() {
+        assert!(Layout::contiguous([2, 3, 4, 8]).is_non_overlapping());
+        assert!(Layout::strided([2, 3, 4, 8], [96, 8, 24, 1]).is_non_overlapping());
+        assert!(Layout::strided([2, 3, 4, 8], [200, 48, 10, 1]).is_non_overlapping());
+        assert!(!Layout::strided([2, 3, 4, 8], [96, 8, 8, 1]).is_non_overlapping());
+        // Size-1 dimensions may have any stride.
+        assert!(Layout::strided([1, 3, 1, 8], [0, 8, 0, 1]).is_non_overlapping());
+    }
+
+    #[test]
+    fn shape_products_that_overflow_are_reported_not_panicked() {
+        let huge = Layout::contiguous([usize::MAX / 2, 4, 4, 64]);
+        assert_eq!(huge.elements(), None);
+        assert_eq!(huge.span(), None);
     }
 
     #[test]
