@@ -52,6 +52,6 @@ mod validate;
 pub use cust;
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
-pub use runtime::{Element, FlashAttention, Output, Tensor, TensorMut, KERNEL_NAMES, PTX};
 pub use params::ForwardParams;
+pub use runtime::{Element, FlashAttention, Output, Tensor, TensorMut, KERNEL_NAMES, PTX};
 pub use validate::{validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_SEQLEN, SUPPORTED_HEAD_DIMS};

@@ -36,13 +36,15 @@ pub fn attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64]) -> Refer
     assert_eq!(q.len(), p.batch * p.seqlen_q * p.heads_q * d, "q length");
     assert_eq!(k.len(), p.batch * p.seqlen_k * p.heads_kv * d, "k length");
     assert_eq!(v.len(), k.len(), "v length");
-    assert!(p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "heads_q must be a multiple of heads_kv");
+    assert!(p.heads_kv > 0 && p.heads_q.is_multiple_of(p.heads_kv), "heads_q must be a multiple of heads_kv");
     let heads = p.batch * p.heads_q;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(heads);
     // Each thread takes every `threads`-th (batch, head) and returns its rows.
-    let parts: Vec<Vec<(usize, Vec<f64>, Vec<f64>)>> = std::thread::scope(|scope| {
+    let parts: Vec<Vec<HeadRows>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
-            .map(|t| scope.spawn(move || (t..heads).step_by(threads).map(|bh| head_attention(p, q, k, v, bh)).collect()))
+            .map(|t| {
+                scope.spawn(move || (t..heads).step_by(threads).map(|bh| head_attention(p, q, k, v, bh)).collect())
+            })
             .collect();
         workers.into_iter().map(|w| w.join().expect("reference worker panicked")).collect()
     });
@@ -58,8 +60,11 @@ pub fn attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64]) -> Refer
     ReferenceOutput { o, lse }
 }
 
+/// One (batch, query head) index, its output rows `[seqlen_q, d]` and LSE.
+type HeadRows = (usize, Vec<f64>, Vec<f64>);
+
 /// One (batch, query head): its output rows `[seqlen_q, d]` and LSE.
-fn head_attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64], bh: usize) -> (usize, Vec<f64>, Vec<f64>) {
+fn head_attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64], bh: usize) -> HeadRows {
     let d = p.head_dim;
     let (b, h) = (bh / p.heads_q, bh % p.heads_q);
     let hk = h / (p.heads_q / p.heads_kv);

@@ -2,10 +2,10 @@
 
 use std::ffi::c_void;
 
+use cust::context::CurrentContext;
 use cust::device::DeviceAttribute;
 use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use cust::module::Module;
-use cust::context::CurrentContext;
 use cust::stream::Stream;
 
 use crate::error::{Error, Result};
@@ -144,12 +144,19 @@ impl FlashAttention {
         let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
         let len = batch * seqlen_q * heads_q * head_dim;
         // Validate before allocating, so that bad input allocates nothing.
-        let dummy_o = Placed { name: "o", layout: Layout::contiguous(q.layout.shape), addr: u64::MAX & !15, buffer_len: len };
+        let dummy_o = Placed { name: "o", layout: Layout::contiguous(q.layout.shape), addr: !15, buffer_len: len };
         validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &dummy_o, 0, batch * heads_q * seqlen_q, params)?;
         let mut o = unsafe { DeviceBuffer::<T>::uninitialized(len)? };
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(batch * heads_q * seqlen_q)? };
-        let problem =
-            self.forward_into(q, k, v, TensorMut::new(&mut o, [batch, seqlen_q, heads_q, head_dim]), &mut lse, params, stream)?;
+        let problem = self.forward_into(
+            q,
+            k,
+            v,
+            TensorMut::new(&mut o, [batch, seqlen_q, heads_q, head_dim]),
+            &mut lse,
+            params,
+            stream,
+        )?;
         Ok(Output { o, lse, problem })
     }
 
@@ -178,14 +185,11 @@ impl FlashAttention {
             params,
         )?;
         let config = tile_config(problem.head_dim)?;
-        let name = format!(
-            "flash_fwd_d{}_{}_{}",
-            problem.head_dim,
-            T::NAME,
-            if params.causal { "causal" } else { "full" }
-        );
+        let name =
+            format!("flash_fwd_d{}_{}_{}", problem.head_dim, T::NAME, if params.causal { "causal" } else { "full" });
         let function = self.module.get_function(&name)?;
-        let grid = (problem.seqlen_q.div_ceil(config.block_m as usize) as u32, problem.heads_q as u32, problem.batch as u32);
+        let grid =
+            (problem.seqlen_q.div_ceil(config.block_m as usize) as u32, problem.heads_q as u32, problem.batch as u32);
         let arg_ptr = &mut args as *mut _ as *mut c_void;
         unsafe { stream.launch(&function, grid, config.threads(), config.smem_bytes(), &[arg_ptr])? };
         Ok(problem)

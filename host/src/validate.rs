@@ -97,12 +97,15 @@ fn check_tensor(t: &Placed) -> Result<()> {
     if t.addr % 16 != 0 {
         return Err(Error::Misaligned { tensor: t.name, what: "the base address" });
     }
-    for (stride, what) in t.layout.strides[..3].iter().zip(["the batch stride", "the seqlen stride", "the heads stride"]) {
+    for (stride, what) in
+        t.layout.strides[..3].iter().zip(["the batch stride", "the seqlen stride", "the heads stride"])
+    {
         if stride % 8 != 0 {
             return Err(Error::Misaligned { tensor: t.name, what });
         }
     }
-    let needed = t.layout.span().ok_or(Error::TooLarge { what: "view span", value: usize::MAX, max: isize::MAX as usize })?;
+    let needed =
+        t.layout.span().ok_or(Error::TooLarge { what: "view span", value: usize::MAX, max: isize::MAX as usize })?;
     if needed > t.buffer_len {
         return Err(Error::OutOfBounds { tensor: t.name, needed, len: t.buffer_len });
     }

@@ -38,19 +38,29 @@ macro_rules! special_register {
 
 special_register!(
     /// `%tid.x`: the thread's index in its block.
-    thread_idx_x, "%tid.x");
+    thread_idx_x,
+    "%tid.x"
+);
 special_register!(
     /// `%ctaid.x`: the block's index along x.
-    block_idx_x, "%ctaid.x");
+    block_idx_x,
+    "%ctaid.x"
+);
 special_register!(
     /// `%ctaid.y`: the block's index along y.
-    block_idx_y, "%ctaid.y");
+    block_idx_y,
+    "%ctaid.y"
+);
 special_register!(
     /// `%ctaid.z`: the block's index along z.
-    block_idx_z, "%ctaid.z");
+    block_idx_z,
+    "%ctaid.z"
+);
 special_register!(
     /// `%nctaid.x`: the number of blocks along x.
-    grid_dim_x, "%nctaid.x");
+    grid_dim_x,
+    "%nctaid.x"
+);
 
 /// `bar.sync 0`: block-wide barrier; also orders shared-memory accesses.
 #[inline(always)]
@@ -150,10 +160,14 @@ macro_rules! mma_m16n8k16 {
 
 mma_m16n8k16!(
     /// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`: `acc += a * b`.
-    mma_f16, "f16");
+    mma_f16,
+    "f16"
+);
 mma_m16n8k16!(
     /// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`: `acc += a * b`.
-    mma_bf16, "bf16");
+    mma_bf16,
+    "bf16"
+);
 
 /// `shfl.sync.bfly.b32` over the full warp: the value of lane `lane ^ mask`.
 #[inline(always)]

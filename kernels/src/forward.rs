@@ -66,8 +66,9 @@ pub unsafe fn flash_forward<
     let rows_in_block = (seqlen_q - first_row).min(block_m);
 
     let q = params.q.offset(
-        (batch as i64 * params.q_batch_stride + first_row as i64 * params.q_row_stride + head as i64 * params.q_head_stride)
-            as isize,
+        (batch as i64 * params.q_batch_stride
+            + first_row as i64 * params.q_row_stride
+            + head as i64 * params.q_head_stride) as isize,
     );
     let k = params.k.offset((batch as i64 * params.k_batch_stride + kv_head as i64 * params.k_head_stride) as isize);
     let v = params.v.offset((batch as i64 * params.v_batch_stride + kv_head as i64 * params.v_head_stride) as isize);
@@ -79,7 +80,11 @@ pub unsafe fn flash_forward<
     let key_blocks = seqlen_k.div_ceil(block_n);
     let n_blocks = if CAUSAL {
         let keys_seen = (first_row + block_m) as i32 + diagonal;
-        if keys_seen <= 0 { 0 } else { key_blocks.min((keys_seen as u32).div_ceil(block_n)) }
+        if keys_seen <= 0 {
+            0
+        } else {
+            key_blocks.min((keys_seen as u32).div_ceil(block_n))
+        }
     } else {
         key_blocks
     };
@@ -161,9 +166,9 @@ pub unsafe fn flash_forward<
                 + head as i64 * params.o_head_stride) as isize,
         ),
         o_row_stride: params.o_row_stride,
-        lse: params
-            .lse
-            .wrapping_add(((batch * params.heads_q + head) as usize) * seqlen_q as usize + (first_row + warp_first_row) as usize),
+        lse: params.lse.wrapping_add(
+            ((batch * params.heads_q + head) as usize) * seqlen_q as usize + (first_row + warp_first_row) as usize,
+        ),
         valid_rows: rows_in_block.saturating_sub(warp_first_row),
     };
     epilogue::write_output::<E, M_TILES, DIM_TILES, HEAD_DIM>(&o, &softmax, params.scale_log2, q_tile, out, lane);

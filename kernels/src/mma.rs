@@ -50,7 +50,13 @@ pub unsafe fn load_q_fragments<const M_TILES: usize, const HEAD_DIM: usize, cons
 /// # Safety
 /// The K tile must have landed in shared memory.
 #[inline(always)]
-pub unsafe fn scores<E: Element, const M_TILES: usize, const N_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize>(
+pub unsafe fn scores<
+    E: Element,
+    const M_TILES: usize,
+    const N_TILES: usize,
+    const HEAD_DIM: usize,
+    const HEAD_DIM_16: usize,
+>(
     q: &QFragments<M_TILES, HEAD_DIM_16>,
     k_tile: SmemTile<HEAD_DIM>,
     lane: u32,
@@ -85,12 +91,7 @@ pub fn probabilities_as_a<E: Element, const M_TILES: usize, const N_TILES: usize
     for m in 0..M_TILES {
         for j in 0..N_STEPS {
             let (lo, hi) = (&p[m][2 * j], &p[m][2 * j + 1]);
-            a[m][j] = [
-                E::pack(lo[0], lo[1]),
-                E::pack(lo[2], lo[3]),
-                E::pack(hi[0], hi[1]),
-                E::pack(hi[2], hi[3]),
-            ];
+            a[m][j] = [E::pack(lo[0], lo[1]), E::pack(lo[2], lo[3]), E::pack(hi[0], hi[1]), E::pack(hi[2], hi[3])];
         }
     }
     a
@@ -101,7 +102,13 @@ pub fn probabilities_as_a<E: Element, const M_TILES: usize, const N_TILES: usize
 /// # Safety
 /// The V tile must have landed in shared memory.
 #[inline(always)]
-pub unsafe fn accumulate_pv<E: Element, const M_TILES: usize, const N_STEPS: usize, const HEAD_DIM: usize, const DIM_TILES: usize>(
+pub unsafe fn accumulate_pv<
+    E: Element,
+    const M_TILES: usize,
+    const N_STEPS: usize,
+    const HEAD_DIM: usize,
+    const DIM_TILES: usize,
+>(
     o: &mut Accumulators<M_TILES, DIM_TILES>,
     p: &[[[u32; 4]; N_STEPS]; M_TILES],
     v_tile: SmemTile<HEAD_DIM>,

@@ -35,11 +35,7 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     for _ in 0..rows / rows_per_pass {
         let in_bounds = row < valid_rows;
         let from = if in_bounds { row_ptr } else { src };
-        arch::cp_async_16(
-            tile.chunk_addr(row, chunk),
-            from as *const u8,
-            if in_bounds { 16 } else { 0 },
-        );
+        arch::cp_async_16(tile.chunk_addr(row, chunk), from as *const u8, if in_bounds { 16 } else { 0 });
         row_ptr = row_ptr.wrapping_offset(pass_stride);
         row += rows_per_pass;
     }

@@ -238,7 +238,12 @@ pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[
     } else {
         reference::relative_l2_error(o, &expected.o)
     };
-    assert!(o_error < T::O_TOLERANCE, "{case:?} {}: relative L2 error of O {o_error:.3e} >= {:.1e}", <T as Element>::NAME, T::O_TOLERANCE);
+    assert!(
+        o_error < T::O_TOLERANCE,
+        "{case:?} {}: relative L2 error of O {o_error:.3e} >= {:.1e}",
+        <T as Element>::NAME,
+        T::O_TOLERANCE
+    );
 
     let mut lse_max_error = 0f64;
     for (i, (&got, &want)) in lse.iter().zip(&expected.lse).enumerate() {

@@ -54,7 +54,8 @@ fn compile_kernels(root: &Path) -> Result<String> {
     // The LLVM unroll threshold is raised so that every loop over fragments
     // unrolls: a loop left rolled indexes the accumulator arrays at run time
     // and sends them to local memory (ptxas then reports a stack frame).
-    let rustflags = format!("target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={PTX_ARCH}\",\"-Cllvm-args=-unroll-threshold=1000\"]");
+    let rustflags =
+        format!("target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={PTX_ARCH}\",\"-Cllvm-args=-unroll-threshold=1000\"]");
     run(Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root.join("kernels"))
         .args(["build", "--release", "--target", PTX_TARGET, "-Zbuild-std=core", "--config", &rustflags])
@@ -166,7 +167,10 @@ fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
                 k.name, k.registers, k.stack_frame, k.spill_stores, k.spill_loads
             );
             if k.name.starts_with("flash_fwd") && (k.stack_frame > 0 || k.spill_stores > 0 || k.spill_loads > 0) {
-                failures.push(format!("{arch} {}: stack frame {} B, spills {}/{} B", k.name, k.stack_frame, k.spill_stores, k.spill_loads));
+                failures.push(format!(
+                    "{arch} {}: stack frame {} B, spills {}/{} B",
+                    k.name, k.stack_frame, k.spill_stores, k.spill_loads
+                ));
             }
         }
     }
@@ -202,11 +206,20 @@ fn gpu_bundle() -> Result<()> {
             continue;
         };
         let kind = message["target"]["kind"][0].as_str().unwrap_or("");
-        let dest = bundle.join("bin").join(format!("test-{}-{kind}-{name}", message["package_id"].as_str().map(package_name).unwrap_or("x")));
+        let dest = bundle
+            .join("bin")
+            .join(format!("test-{}-{kind}-{name}", message["package_id"].as_str().map(package_name).unwrap_or("x")));
         fs::copy(exe, &dest).map_err(|e| format!("copy {exe}: {e}"))?;
         copied.push(dest);
     }
-    run(Command::new(&cargo).current_dir(&root).args(["build", "--release", "-p", "flash-attn-tests", "--bin", "bench"]))?;
+    run(Command::new(&cargo).current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "flash-attn-tests",
+        "--bin",
+        "bench",
+    ]))?;
     fs::copy(root.join("target/release/bench"), bundle.join("bin/bench")).map_err(|e| e.to_string())?;
     for script in ["gpu-check.sh", "bench_torch.py"] {
         fs::copy(root.join("scripts").join(script), bundle.join(script)).map_err(|e| format!("{script}: {e}"))?;

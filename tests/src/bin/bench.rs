@@ -21,7 +21,11 @@ struct Shape {
     dtype: &'static str,
 }
 
-fn time_shape<T: TestElement>(attention: &FlashAttention, shape: &Shape, reps: usize) -> Result<f64, Box<dyn std::error::Error>> {
+fn time_shape<T: TestElement>(
+    attention: &FlashAttention,
+    shape: &Shape,
+    reps: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
     let batch = 16384 / shape.seqlen;
     let heads = 2048 / shape.head_dim;
     let dims = [batch, shape.seqlen, heads, shape.head_dim];
@@ -68,8 +72,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
     let quick = args.iter().any(|a| a == "--quick");
-    let _context = flash_attn::cust::quick_init()
-        .map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
+    let _context =
+        flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
     let seqlens: &[usize] = if quick { &[1024, 4096] } else { &[512, 1024, 2048, 4096, 8192, 16384] };
     let reps = if quick { 10 } else { 30 };
