@@ -8,7 +8,9 @@
 //! [`forward`] the kernel body; [`entry`] the exported kernel instances.
 //!
 //! On the host the same code compiles against an emulation of every
-//! primitive ([`emu`]), which runs the kernels on the CPU.
+//! primitive ([`emu`]), which runs the kernels on the CPU; [`emulated`]
+//! drives the attention kernels that way and checks them against an f64
+//! reference.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
 #![allow(clippy::missing_safety_doc)]
@@ -19,6 +21,8 @@
 pub mod arch;
 pub mod config;
 pub mod element;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod emulated;
 pub mod entry;
 pub mod epilogue;
 pub mod forward;
