@@ -276,15 +276,19 @@ impl Reference {
         let mut logical = vec![false; out.o.data().len()];
         let mut diff = 0.0;
         let mut norm = 0.0;
+        let mut worst = (0.0, [0; 4]);
         for (n, i) in out.o.indices().enumerate() {
             logical[i] = true;
             let (actual, expected) = (dtype.to_f64(out.o.data()[i]), self.o[n]);
+            let at = [n / (sq * hq * d), n / (hq * d) % sq, n / d % hq, n % d];
             if actual.is_nan() {
-                let [b, s, h, e] = [n / (sq * hq * d), n / (hq * d) % sq, n / d % hq, n % d];
-                return Err(format!("O[{b}, {s}, {h}, {e}] is NaN: never written, or computed as NaN"));
+                return Err(format!("O{at:?} is NaN: never written, or computed as NaN"));
             }
             diff += (actual - expected).powi(2);
             norm += expected * expected;
+            if (actual - expected).abs() > worst.0 {
+                worst = ((actual - expected).abs(), at);
+            }
         }
         if let Some(i) = logical.iter().enumerate().position(|(i, &l)| !l && out.o.data()[i] != POISON) {
             return Err(format!("O's padding element {i} (between rows or heads) was overwritten"));
@@ -304,7 +308,12 @@ impl Reference {
                 lse_max_abs = lse_max_abs.max((f64::from(actual) - expected).abs());
             }
         }
-        Ok(Errors { o_relative_l2: (diff / norm.max(f64::MIN_POSITIVE)).sqrt(), lse_max_abs })
+        Ok(Errors {
+            o_relative_l2: (diff / norm.max(f64::MIN_POSITIVE)).sqrt(),
+            o_max_abs: worst.0,
+            o_max_abs_at: worst.1,
+            lse_max_abs,
+        })
     }
 }
 
@@ -312,6 +321,9 @@ impl Reference {
 #[derive(Clone, Copy, Debug)]
 pub struct Errors {
     pub o_relative_l2: f64,
+    /// The largest absolute error of an element of O, and its `[b, s, h, d]`.
+    pub o_max_abs: f64,
+    pub o_max_abs_at: [usize; 4],
     pub lse_max_abs: f64,
 }
 
@@ -319,5 +331,18 @@ impl Errors {
     /// Whether both errors are within the budget for `dtype`.
     pub fn within(&self, dtype: DType) -> bool {
         self.o_relative_l2 <= dtype.o_tolerance() && self.lse_max_abs <= LSE_TOLERANCE
+    }
+
+    /// The errors against their budgets for `dtype`, in words.
+    pub fn describe(&self, dtype: DType) -> String {
+        format!(
+            "O relative L2 error {:.2e} (budget {:.1e}; largest element error {:.2e} at [b, s, h, d] = {:?}), \
+             LSE max abs error {:.2e} (budget {LSE_TOLERANCE:.1e})",
+            self.o_relative_l2,
+            dtype.o_tolerance(),
+            self.o_max_abs,
+            self.o_max_abs_at,
+            self.lse_max_abs
+        )
     }
 }
