@@ -1,23 +1,13 @@
 //! Which GPU thread is running, and that thread's own state: how it
-//! suspends (its coroutine), and its `cp.async` copies not yet landed.
+//! suspends (its coroutine), and its `cp.async` groups.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
-use std::panic::Location;
 
 use corosensei::Yielder;
 
 use super::error::Fault;
 use super::launch::Block;
-use super::smem::{Accessor, Request};
-
-/// A `cp.async` of this thread whose bytes have not landed: the source was
-/// read when it was issued.
-pub(crate) struct PendingCopy {
-    pub dst: u32,
-    pub data: [u8; 16],
-    pub site: &'static Location<'static>,
-}
+use super::smem::AsyncCopies;
 
 /// One emulated GPU thread, run as a coroutine by its block's scheduler.
 pub(crate) struct Thread<'a> {
@@ -25,10 +15,8 @@ pub(crate) struct Thread<'a> {
     pub block: &'a Block<'a>,
     /// The coroutine's way back to the scheduler, set when it starts.
     yielder: Cell<*const Yielder<(), ()>>,
-    /// Copies since the last `cp.async.commit_group`.
-    uncommitted: RefCell<Vec<PendingCopy>>,
-    /// Committed groups, oldest first.
-    committed: RefCell<VecDeque<Vec<PendingCopy>>>,
+    /// This thread's `cp.async` copies that have not landed.
+    pub copies: RefCell<AsyncCopies>,
 }
 
 thread_local! {
@@ -38,13 +26,7 @@ thread_local! {
 
 impl<'a> Thread<'a> {
     pub fn new(tid: u32, block: &'a Block<'a>) -> Self {
-        Self {
-            tid,
-            block,
-            yielder: Cell::new(std::ptr::null()),
-            uncommitted: RefCell::default(),
-            committed: RefCell::default(),
-        }
+        Self { tid, block, yielder: Cell::new(std::ptr::null()), copies: RefCell::default() }
     }
 
     /// Runs `f` (a resumption of this thread's coroutine) as the current thread.
@@ -77,42 +59,11 @@ impl<'a> Thread<'a> {
         result.unwrap_or_else(|fault| self.block.fail(fault))
     }
 
-    pub fn issue_copy(&self, copy: PendingCopy) {
-        self.uncommitted.borrow_mut().push(copy);
-    }
-
-    /// `cp.async.commit_group`.
-    pub fn commit(&self) {
-        let group = std::mem::take(&mut *self.uncommitted.borrow_mut());
-        self.committed.borrow_mut().push_back(group);
-    }
-
-    /// `cp.async.wait_group pending`: lands every committed group but the
-    /// newest `pending`.
+    /// `cp.async.wait_group pending`: lands every committed group of this
+    /// thread but the newest `pending`.
     pub fn wait(&self, pending: usize) {
-        loop {
-            let mut committed = self.committed.borrow_mut();
-            if committed.len() <= pending {
-                return;
-            }
-            let group = committed.pop_front().unwrap_or_default();
-            drop(committed);
-            self.land(group);
-        }
-    }
-
-    /// At exit: the copies still in flight land (nothing waits for them).
-    pub fn land_all(&self) {
-        self.commit();
-        self.wait(0);
-    }
-
-    fn land(&self, group: Vec<PendingCopy>) {
-        for copy in group {
-            let who = Accessor { thread: self.tid, collective: false };
-            let req = Request { who, instruction: "cp.async", site: copy.site, addr: copy.dst, len: 16 };
-            self.block.smem.land_copy(&req, &copy.data);
-        }
+        let landing = self.copies.borrow_mut().take_all_but(pending);
+        self.block.smem.land(self.tid, landing);
     }
 }
 

@@ -6,12 +6,12 @@
 use std::panic::Location;
 
 use super::collective;
-use super::context::{self, PendingCopy, Thread};
+use super::context::{self, Thread};
 use super::error::{Fault, FaultKind};
 use super::float::{self, HalfType};
 use super::global::Access;
 use super::rendezvous::{Collective, LaneIn, LaneOut};
-use super::smem::{self, Accessor, Request};
+use super::smem::{self, Accessor, PendingCopy, Request};
 
 type Site = &'static Location<'static>;
 
@@ -96,13 +96,13 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
         }
         let req = Request { who: lane(t), instruction: INSTRUCTION, site, addr: dst, len: 16 };
         t.ok(t.block.smem.start_copy(&req));
-        t.issue_copy(PendingCopy { dst, data, site });
+        t.copies.borrow_mut().issue(PendingCopy { dst, data, site });
     })
 }
 
 /// `cp.async.commit_group`: closes the group of copies issued since the last commit.
 pub fn cp_async_commit() {
-    context::with(|t| t.commit())
+    context::with(|t| t.copies.borrow_mut().commit())
 }
 
 /// `cp.async.wait_group N`: waits until at most `N` committed groups are pending.

@@ -191,7 +191,9 @@ fn schedule(
                 Ok(CoroutineResult::Yield(())) => {}
                 Ok(CoroutineResult::Return(())) => {
                     *slot = None;
-                    thread.land_all();
+                    // Copies still in flight land (nothing waits for them).
+                    thread.copies.borrow_mut().commit();
+                    thread.wait(0);
                     block.sync.exit(thread.tid)?;
                 }
                 Err(payload) => {

@@ -6,7 +6,8 @@
 //! Shadow state is kept per 4-byte word (every access is at least 4-byte
 //! aligned). A `cp.async` reads global memory when issued, but its bytes
 //! land only when the issuing thread's `cp.async.wait_group` covers its
-//! group; until then any access to them is a fault.
+//! group ([`AsyncCopies`] keeps each thread's groups); until then any
+//! access to them is a fault.
 //!
 //! Ordering: `bar.sync` orders everything before it in the block against
 //! everything after; `bar.warp.sync` does the same within a warp; a thread
@@ -15,6 +16,7 @@
 //! the barriers: an access recorded in an older epoch is ordered.
 
 use std::cell::{RefCell, RefMut};
+use std::collections::VecDeque;
 use std::panic::Location;
 
 use super::error::{Fault, FaultKind};
@@ -24,6 +26,42 @@ use super::error::{Fault, FaultKind};
 pub(crate) const BASE: u32 = 0x400;
 
 type Site = &'static Location<'static>;
+
+/// A `cp.async` whose bytes have not landed: the source was read when it
+/// was issued.
+pub(crate) struct PendingCopy {
+    pub dst: u32,
+    pub data: [u8; 16],
+    pub site: Site,
+}
+
+/// One thread's `cp.async` groups.
+#[derive(Default)]
+pub(crate) struct AsyncCopies {
+    /// Copies since the last `cp.async.commit_group`.
+    uncommitted: Vec<PendingCopy>,
+    /// Committed groups, oldest first.
+    committed: VecDeque<Vec<PendingCopy>>,
+}
+
+impl AsyncCopies {
+    pub fn issue(&mut self, copy: PendingCopy) {
+        self.uncommitted.push(copy);
+    }
+
+    /// `cp.async.commit_group`.
+    pub fn commit(&mut self) {
+        let group = std::mem::take(&mut self.uncommitted);
+        self.committed.push_back(group);
+    }
+
+    /// The copies of every committed group but the newest `pending`, which
+    /// a `cp.async.wait_group pending` lands.
+    pub fn take_all_but(&mut self, pending: usize) -> Vec<PendingCopy> {
+        let landing = self.committed.len().saturating_sub(pending);
+        self.committed.drain(..landing).flatten().collect()
+    }
+}
 
 /// Who accesses shared memory.
 #[derive(Clone, Copy)]
@@ -241,7 +279,7 @@ impl SharedMemory {
     }
 
     /// Issues a 16-byte `cp.async` into `req.addr`: from now until
-    /// [`Self::land_copy`] its words are in flight.
+    /// [`Self::land`] its words are in flight.
     pub fn start_copy(&self, req: &Request) -> Result<(), Fault> {
         let mut inner = self.lock();
         for w in self.check_write(&inner, req, 16)? {
@@ -250,17 +288,21 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Lands a `cp.async` of `req.who.thread` (whose `wait_group` covered
-    /// it): its bytes become a write by that thread, ordered as of now.
-    pub fn land_copy(&self, req: &Request, data: &[u8; 16]) {
+    /// Lands `copies` of `thread` (a `wait_group` of that thread covered
+    /// them): their bytes become writes by the thread, ordered as of now.
+    pub fn land(&self, thread: u32, copies: Vec<PendingCopy>) {
         let mut inner = self.lock();
-        let first = ((req.addr - BASE) / 4) as usize;
-        let access = inner.access(req);
-        for word in &mut inner.words[first..first + 4] {
-            *word = Word { write: Some(access), readers: Readers::None, in_flight: None };
+        for copy in copies {
+            let who = Accessor { thread, collective: false };
+            let req = Request { who, instruction: "cp.async", site: copy.site, addr: copy.dst, len: 16 };
+            let access = inner.access(&req);
+            let first = ((copy.dst - BASE) / 4) as usize;
+            for word in &mut inner.words[first..first + 4] {
+                *word = Word { write: Some(access), readers: Readers::None, in_flight: None };
+            }
+            let start = (copy.dst - BASE) as usize;
+            inner.bytes[start..start + 16].copy_from_slice(&copy.data);
         }
-        let start = (req.addr - BASE) as usize;
-        inner.bytes[start..start + 16].copy_from_slice(data);
     }
 
     /// Checks that `req` may write its words now.
