@@ -2,7 +2,8 @@
 # The test suite, from a fresh clone: installs what it needs (scripts/setup.sh),
 # then checks formatting, lints, that the committed PTX is fresh and spill-free
 # (ptxas), and runs every test. The GPU tests run on a GPU and otherwise print
-# that they were skipped and why; everything else asserts on the CPU.
+# that they were skipped and why; everything else asserts on the CPU, including
+# the kernels' own code run on the CPU emulator (kernels/tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
@@ -16,11 +17,14 @@ cargo fmt --all --check
 (cd kernels && cargo fmt --check)
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
+cargo clippy --manifest-path kernels/Cargo.toml --all-targets --release -- -D warnings
 echo "== PTX fresh and free of spills"
 cargo xtask build-ptx --check --require-ptxas
 echo "== cargo test"
 log="$(mktemp)"
 cargo test --workspace --release 2>&1 | tee "$log"
+echo "== kernels on the CPU emulator"
+cargo test --manifest-path kernels/Cargo.toml --release 2>&1 | tee -a "$log"
 # Totals over every test binary; GPU tests that found no GPU count as skipped.
 read -r passed failed < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } } END { print p + 0, f + 0 }' "$log")
 skipped=$(grep -c '^SKIPPED ' "$log" || true)

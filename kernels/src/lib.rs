@@ -6,13 +6,23 @@
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
 //! and masking; [`epilogue`] normalising and storing O and the LSE;
 //! [`forward`] the kernel body; [`entry`] the exported kernel instances.
-#![no_std]
-#![feature(abi_ptx, asm_experimental_arch)]
+//!
+//! On the host the same code compiles against an emulation of every
+//! primitive ([`emu`]), which runs the kernels on the CPU; [`emulated`]
+//! drives the attention kernels that way and checks them against an f64
+//! reference.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
 #![allow(clippy::missing_safety_doc)]
+// The fragment loops index several arrays with one counter, as the layout
+// math reads; `OnlineSoftmax::new` is deliberately its only constructor.
+#![allow(clippy::needless_range_loop, clippy::new_without_default)]
 
 pub mod arch;
 pub mod config;
 pub mod element;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod emulated;
 pub mod entry;
 pub mod epilogue;
 pub mod forward;
@@ -22,6 +32,10 @@ pub mod params;
 pub mod pipeline;
 pub mod softmax;
 
+#[cfg(not(target_arch = "nvptx64"))]
+pub use arch::emu;
+
+#[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     arch::trap()

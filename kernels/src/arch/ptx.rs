@@ -1,13 +1,7 @@
-//! Every PTX instruction the kernels use, and nothing else.
+//! The device primitives as inline PTX, for `nvptx64-nvidia-cuda`.
 //!
-//! This is the only module with inline assembly. The kernel code calls these
-//! functions and never writes PTX itself, so a second implementation of this
-//! one module (a CPU emulation, another codegen backend) can stand in for the
-//! GPU without touching the kernels.
-//!
-//! Shared-memory addresses are 32-bit offsets in the `.shared` window (what
-//! `cp.async`, `ldmatrix` and `ld/st.shared` take); global addresses are
-//! 64-bit generic pointers.
+//! This is the only file with inline assembly; [`super::emu`] implements the
+//! same functions on the host.
 
 use core::arch::asm;
 

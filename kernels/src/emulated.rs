@@ -1,0 +1,348 @@
+//! The attention kernels on host tensors through the CPU emulator
+//! ([`crate::emu`]), and an f64 reference to check them against: what the
+//! tests and the `emulate` example run without a GPU.
+
+use crate::emu::{self, GlobalRegion, LaunchConfig};
+use crate::entry::{DType, HostKernel};
+use crate::params::ForwardParams;
+
+/// 16 bytes, the alignment `cp.async` needs of every tensor.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(16))]
+struct Chunk([u16; 8]);
+
+/// A `[batch, seqlen, heads, head_dim]` tensor of f16 or bf16 bits in host
+/// memory, 16-byte aligned, with strides in elements.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub shape: [usize; 4],
+    pub strides: [usize; 4],
+    chunks: Vec<Chunk>,
+    len: usize,
+}
+
+/// An element pattern that is NaN in f16 and in bf16: output not written.
+pub const POISON: u16 = 0x7fff;
+
+impl Tensor {
+    /// Densely packed strides of `shape`.
+    pub fn contiguous_strides(shape: [usize; 4]) -> [usize; 4] {
+        let [_, s, h, d] = shape;
+        [s * h * d, h * d, d, 1]
+    }
+
+    /// A tensor of `shape` and `strides` with every element, padding
+    /// included, set to `fill`.
+    pub fn filled(shape: [usize; 4], strides: [usize; 4], fill: u16) -> Self {
+        let len = shape.iter().zip(strides).map(|(&n, s)| (n - 1) * s).sum::<usize>() + 1;
+        Self { shape, strides, chunks: vec![Chunk([fill; 8]); len.div_ceil(8)], len }
+    }
+
+    /// Standard normal values, pseudo-random in `seed`, rounded to `dtype`;
+    /// padding is NaN, which the kernel must never read.
+    pub fn random(shape: [usize; 4], strides: [usize; 4], dtype: DType, seed: u64) -> Self {
+        let mut t = Self::filled(shape, strides, POISON);
+        let mut rng = Normal::new(seed);
+        let indices: Vec<usize> = t.indices().collect();
+        for i in indices {
+            t.data_mut()[i] = dtype.from_f64(rng.sample());
+        }
+        t
+    }
+
+    pub fn data(&self) -> &[u16] {
+        // SAFETY: `chunks` holds at least `len` initialised u16.
+        unsafe { std::slice::from_raw_parts(self.chunks.as_ptr().cast(), self.len) }
+    }
+
+    pub fn data_mut(&mut self) -> &mut [u16] {
+        // SAFETY: as `data`.
+        unsafe { std::slice::from_raw_parts_mut(self.chunks.as_mut_ptr().cast(), self.len) }
+    }
+
+    /// Index into `data` of element `[b, s, h, d]`.
+    pub fn index(&self, at: [usize; 4]) -> usize {
+        at.iter().zip(self.strides).map(|(&i, s)| i * s).sum()
+    }
+
+    /// The indices of every element, in `[b, s, h, d]` order.
+    pub fn indices(&self) -> impl Iterator<Item = usize> + '_ {
+        let [nb, ns, nh, nd] = self.shape;
+        (0..nb * ns * nh * nd).map(move |i| self.index([i / (ns * nh * nd), i / (nh * nd) % ns, i / nd % nh, i % nd]))
+    }
+
+    /// The elements as f64, densely packed.
+    pub fn to_f64(&self, dtype: DType) -> Vec<f64> {
+        self.indices().map(|i| dtype.to_f64(self.data()[i])).collect()
+    }
+}
+
+impl DType {
+    pub fn to_f64(self, bits: u16) -> f64 {
+        match self {
+            DType::F16 => half::f16::from_bits(bits).to_f64(),
+            DType::Bf16 => half::bf16::from_bits(bits).to_f64(),
+        }
+    }
+
+    pub fn from_f64(self, x: f64) -> u16 {
+        match self {
+            DType::F16 => half::f16::from_f64(x).to_bits(),
+            DType::Bf16 => half::bf16::from_f64(x).to_bits(),
+        }
+    }
+
+    /// Largest relative L2 error of O allowed against the f64 reference
+    /// (the GPU tests' budget).
+    pub fn o_tolerance(self) -> f64 {
+        match self {
+            DType::F16 => 2e-3,
+            DType::Bf16 => 1.6e-2,
+        }
+    }
+}
+
+/// Largest absolute error of a finite LSE allowed against the reference.
+pub const LSE_TOLERANCE: f64 = 2e-3;
+
+/// Normal samples: xorshift64* and Box-Muller.
+struct Normal(u64);
+
+impl Normal {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn sample(&mut self) -> f64 {
+        (-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
+    }
+}
+
+/// The launch of `kernel` for `batch` x `heads_q` x `seqlen_q` query rows,
+/// as the host crate makes it on the GPU.
+pub fn launch_config(kernel: &HostKernel, batch: usize, heads_q: usize, seqlen_q: usize) -> LaunchConfig {
+    let c = kernel.config;
+    let grid = [seqlen_q.div_ceil(c.block_m as usize) as u32, heads_q as u32, batch as u32];
+    LaunchConfig::new(grid, c.threads(), c.smem_bytes())
+}
+
+/// The kernel arguments for `q`, `k`, `v` into `o` and `lse`
+/// (`[batch, heads_q, seqlen_q]`).
+///
+/// # Panics
+/// If the shapes do not fit together.
+pub fn forward_params(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &mut Tensor,
+    lse: &mut [f32],
+    scale: f32,
+) -> ForwardParams {
+    let [batch, seqlen_q, heads_q, head_dim] = q.shape;
+    let [batch_k, seqlen_k, heads_kv, head_dim_k] = k.shape;
+    assert_eq!((batch, head_dim), (batch_k, head_dim_k), "q and k must agree on batch and head_dim");
+    assert_eq!(k.shape, v.shape, "k and v must have one shape");
+    assert_eq!(o.shape, q.shape, "o must have q's shape");
+    assert!(heads_q.is_multiple_of(heads_kv), "heads_q must be a multiple of heads_kv");
+    assert_eq!(lse.len(), batch * heads_q * seqlen_q, "lse must hold batch * heads_q * seqlen_q values");
+    let strides = |t: &Tensor| {
+        assert_eq!(t.strides[3], 1, "head_dim must be contiguous");
+        t.strides.map(|s| s as i64)
+    };
+    let ([qb, qs, qh, _], [kb, ks, kh, _], [vb, vs, vh, _], [ob, os, oh, _]) =
+        (strides(q), strides(k), strides(v), strides(o));
+    ForwardParams {
+        q: q.data().as_ptr(),
+        k: k.data().as_ptr(),
+        v: v.data().as_ptr(),
+        o: o.data_mut().as_mut_ptr(),
+        lse: lse.as_mut_ptr(),
+        q_batch_stride: qb,
+        q_row_stride: qs,
+        q_head_stride: qh,
+        k_batch_stride: kb,
+        k_row_stride: ks,
+        k_head_stride: kh,
+        v_batch_stride: vb,
+        v_row_stride: vs,
+        v_head_stride: vh,
+        o_batch_stride: ob,
+        o_row_stride: os,
+        o_head_stride: oh,
+        seqlen_q: seqlen_q as u32,
+        seqlen_k: seqlen_k as u32,
+        heads_q: heads_q as u32,
+        heads_per_kv: (heads_q / heads_kv) as u32,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        _pad: 0,
+    }
+}
+
+/// O (of `q`'s shape) and the LSE (`[batch, heads_q, seqlen_q]`) of one
+/// emulated forward pass.
+pub struct Output {
+    pub o: Tensor,
+    pub lse: Vec<f32>,
+}
+
+/// Runs `kernel` on the emulator, into a fresh `o` with `o_strides` whose
+/// every element starts as NaN ([`POISON`]), so that an element the kernel
+/// misses shows.
+pub fn forward(
+    kernel: &HostKernel,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o_strides: [usize; 4],
+    scale: f32,
+) -> Result<Output, emu::Error> {
+    assert_eq!(
+        q.shape[3], kernel.config.head_dim as usize,
+        "{} takes head_dim {}",
+        kernel.name, kernel.config.head_dim
+    );
+    let [batch, seqlen_q, heads_q, _] = q.shape;
+    let mut o = Tensor::filled(q.shape, o_strides, POISON);
+    let mut lse = vec![f32::NAN; batch * heads_q * seqlen_q];
+    let params = forward_params(q, k, v, &mut o, &mut lse, scale);
+    let regions = [
+        GlobalRegion::read_only("q", q.data()),
+        GlobalRegion::read_only("k", k.data()),
+        GlobalRegion::read_only("v", v.data()),
+        GlobalRegion::writable("o", o.data_mut()),
+        GlobalRegion::writable("lse", &mut lse),
+    ];
+    let config = launch_config(kernel, batch, heads_q, seqlen_q);
+    // SAFETY: the regions are the buffers behind `params`, alive until the
+    // launch returns; the kernel is written for concurrent threads.
+    unsafe { emu::launch(&config, &regions, || (kernel.run)(&params)) }?;
+    Ok(Output { o, lse })
+}
+
+/// Attention in f64: O as `[batch, seqlen_q, heads_q, head_dim]` and the
+/// natural LSE of the scaled scores as `[batch, heads_q, seqlen_q]` (-inf,
+/// with O = 0, for a row that sees no key). Causal masking is aligned to
+/// the bottom right: query `i` sees key `j` when `j <= i + seqlen_k - seqlen_q`.
+pub struct Reference {
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
+}
+
+impl Reference {
+    pub fn new(q: &Tensor, k: &Tensor, v: &Tensor, dtype: DType, causal: bool, scale: f64) -> Self {
+        let ([nb, sq, hq, d], [_, sk, hkv, _]) = (q.shape, k.shape);
+        let (q, k, v) = (q.to_f64(dtype), k.to_f64(dtype), v.to_f64(dtype));
+        let mut o = vec![0.0; nb * sq * hq * d];
+        let mut lse = vec![f64::NEG_INFINITY; nb * hq * sq];
+        for (b, h, i) in (0..nb).flat_map(|b| (0..hq).flat_map(move |h| (0..sq).map(move |i| (b, h, i)))) {
+            let kv = h / (hq / hkv);
+            let qi = &q[((b * sq + i) * hq + h) * d..][..d];
+            let row = |t: &[f64], j: usize| -> Vec<f64> { t[((b * sk + j) * hkv + kv) * d..][..d].to_vec() };
+            let keys: Vec<usize> =
+                (0..sk).filter(|&j| !causal || j as i64 <= i as i64 + sk as i64 - sq as i64).collect();
+            if keys.is_empty() {
+                continue;
+            }
+            let scores: Vec<f64> =
+                keys.iter().map(|&j| scale * qi.iter().zip(row(&k, j)).map(|(x, y)| x * y).sum::<f64>()).collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+            let oi = &mut o[((b * sq + i) * hq + h) * d..][..d];
+            for (&j, s) in keys.iter().zip(&scores) {
+                let weight = (s - max).exp() / sum;
+                for (out, x) in oi.iter_mut().zip(row(&v, j)) {
+                    *out += weight * x;
+                }
+            }
+            lse[(b * hq + h) * sq + i] = max + sum.ln();
+        }
+        Self { o, lse }
+    }
+
+    /// How far `out` is from the reference: the relative L2 error of O and
+    /// the largest absolute LSE error of rows that see a key. Fails if an
+    /// element of O was not written (still NaN), padding of O was written,
+    /// or a row that sees no key is not O = 0 and LSE = -inf.
+    pub fn compare(&self, out: &Output, dtype: DType) -> Result<Errors, String> {
+        let [_, sq, hq, d] = out.o.shape;
+        let mut logical = vec![false; out.o.data().len()];
+        let mut diff = 0.0;
+        let mut norm = 0.0;
+        let mut worst = (0.0, [0; 4]);
+        for (n, i) in out.o.indices().enumerate() {
+            logical[i] = true;
+            let (actual, expected) = (dtype.to_f64(out.o.data()[i]), self.o[n]);
+            let at = [n / (sq * hq * d), n / (hq * d) % sq, n / d % hq, n % d];
+            if actual.is_nan() {
+                return Err(format!("O{at:?} is NaN: never written, or computed as NaN"));
+            }
+            diff += (actual - expected).powi(2);
+            norm += expected * expected;
+            if (actual - expected).abs() > worst.0 {
+                worst = ((actual - expected).abs(), at);
+            }
+        }
+        if let Some(i) = logical.iter().enumerate().position(|(i, &l)| !l && out.o.data()[i] != POISON) {
+            return Err(format!("O's padding element {i} (between rows or heads) was overwritten"));
+        }
+        let mut lse_max_abs: f64 = 0.0;
+        for (i, (&actual, &expected)) in out.lse.iter().zip(&self.lse).enumerate() {
+            let [b, h, s] = [i / (sq * hq), i / sq % hq, i % sq];
+            let row = format!("query row {s} of batch {b}, head {h}");
+            if expected == f64::NEG_INFINITY {
+                let o_zero = (0..d).all(|e| dtype.to_f64(out.o.data()[out.o.index([b, s, h, e])]) == 0.0);
+                if actual != f32::NEG_INFINITY || !o_zero {
+                    return Err(format!("{row} sees no key, but its LSE is {actual} and O is not all 0"));
+                }
+            } else if !actual.is_finite() {
+                return Err(format!("{row}: LSE is {actual}, the reference {expected}"));
+            } else {
+                lse_max_abs = lse_max_abs.max((f64::from(actual) - expected).abs());
+            }
+        }
+        Ok(Errors {
+            o_relative_l2: (diff / norm.max(f64::MIN_POSITIVE)).sqrt(),
+            o_max_abs: worst.0,
+            o_max_abs_at: worst.1,
+            lse_max_abs,
+        })
+    }
+}
+
+/// Errors of an emulated output against the reference.
+#[derive(Clone, Copy, Debug)]
+pub struct Errors {
+    pub o_relative_l2: f64,
+    /// The largest absolute error of an element of O, and its `[b, s, h, d]`.
+    pub o_max_abs: f64,
+    pub o_max_abs_at: [usize; 4],
+    pub lse_max_abs: f64,
+}
+
+impl Errors {
+    /// Whether both errors are within the budget for `dtype`.
+    pub fn within(&self, dtype: DType) -> bool {
+        self.o_relative_l2 <= dtype.o_tolerance() && self.lse_max_abs <= LSE_TOLERANCE
+    }
+
+    /// The errors against their budgets for `dtype`, in words.
+    pub fn describe(&self, dtype: DType) -> String {
+        format!(
+            "O relative L2 error {:.2e} (budget {:.1e}; largest element error {:.2e} at [b, s, h, d] = {:?}), \
+             LSE max abs error {:.2e} (budget {LSE_TOLERANCE:.1e})",
+            self.o_relative_l2,
+            dtype.o_tolerance(),
+            self.o_max_abs,
+            self.o_max_abs_at,
+            self.lse_max_abs
+        )
+    }
+}

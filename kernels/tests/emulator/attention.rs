@@ -1,0 +1,97 @@
+//! The attention kernels, their own code run on the emulator, against the
+//! f64 reference: indexing, masking, swizzles, fragment layouts and the
+//! online softmax all have to be right for these to pass.
+
+use flash_attn_kernels::emulated::{forward, Reference, Tensor};
+use flash_attn_kernels::entry::{kernel, KERNELS};
+use proptest::prelude::*;
+
+/// One problem for one kernel instance.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    kernel: &'static str,
+    batch: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    /// Padding between heads, rows and batches of every tensor (O included).
+    strided: bool,
+    seed: u64,
+}
+
+/// Strides of `shape`, padded by multiples of 8 elements when `strided`.
+fn strides(shape: [usize; 4], strided: bool) -> [usize; 4] {
+    if !strided {
+        return Tensor::contiguous_strides(shape);
+    }
+    let [_, s, h, d] = shape;
+    let head = d + 8;
+    let row = h * head + 16;
+    [s * row + 24, row, head, 1]
+}
+
+/// Runs `case`, panicking with the case and the first thing wrong.
+fn check(case: Case) {
+    let kernel = kernel(case.kernel).unwrap();
+    let d = kernel.config.head_dim as usize;
+    let q_shape = [case.batch, case.seqlen_q, case.heads_q, d];
+    let kv_shape = [case.batch, case.seqlen_k, case.heads_kv, d];
+    let q = Tensor::random(q_shape, strides(q_shape, case.strided), kernel.dtype, case.seed);
+    let k = Tensor::random(kv_shape, strides(kv_shape, case.strided), kernel.dtype, case.seed + 1);
+    let v = Tensor::random(kv_shape, strides(kv_shape, case.strided), kernel.dtype, case.seed + 2);
+    let scale = 1.0 / (d as f32).sqrt();
+    let out =
+        forward(kernel, &q, &k, &v, strides(q_shape, case.strided), scale).unwrap_or_else(|e| panic!("{case:?}\n{e}"));
+    let reference = Reference::new(&q, &k, &v, kernel.dtype, kernel.causal, f64::from(scale));
+    let errors = reference.compare(&out, kernel.dtype).unwrap_or_else(|e| panic!("{case:?}\n{e}"));
+    assert!(errors.within(kernel.dtype), "{case:?}\n{}", errors.describe(kernel.dtype));
+}
+
+#[test]
+fn every_kernel_on_ragged_unequal_grouped_and_strided_problems() {
+    for (i, k) in KERNELS.iter().enumerate() {
+        let case = |batch, seqlen_q, seqlen_k, heads_q, heads_kv, strided| Case {
+            kernel: k.name,
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q,
+            heads_kv,
+            strided,
+            seed: 100 * i as u64 + seqlen_q as u64,
+        };
+        // Ragged seqlens, within and past one tile.
+        check(case(1, 65, 65, 2, 2, false));
+        // seqlen_q < seqlen_k, GQA (2 query heads per KV head).
+        check(case(1, 17, 100, 4, 2, false));
+        // seqlen_q > seqlen_k (causal: the first rows see no key), MQA, padded strides.
+        check(case(1, 100, 17, 2, 1, true));
+        // Single rows and keys, two batches.
+        check(case(2, 1, 65, 2, 1, false));
+        check(case(1, 1, 1, 1, 1, true));
+    }
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    (0..KERNELS.len(), 1..=2usize, 1..=130usize, 1..=130usize, 1..=2usize, 1..=3usize, any::<bool>(), any::<u64>())
+        .prop_map(|(k, batch, seqlen_q, seqlen_k, heads_kv, group, strided, seed)| Case {
+            kernel: KERNELS[k].name,
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q: heads_kv * group,
+            heads_kv,
+            strided,
+            seed: seed >> 2,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn random_valid_shapes(case in cases()) {
+        check(case);
+    }
+}

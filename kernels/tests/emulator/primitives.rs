@@ -1,0 +1,358 @@
+//! Each device primitive, run through the emulator, against a plain model
+//! of its PTX ISA definition. The models index the matrices the way the
+//! ISA's fragment tables read: "row = groupID for a_i where 0 <= i < 2 ||
+//! 4 <= i < 6, groupID + 8 otherwise", and so on.
+
+use flash_attn_kernels::arch;
+use flash_attn_kernels::emu::GlobalRegion;
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+use super::run_block;
+
+/// `(row, col)` of A element `a_i` held by `lane` (mma.m16n8k16, .f16/.bf16).
+fn a_position(lane: usize, i: usize) -> (usize, usize) {
+    let (group, thread_in_group) = (lane >> 2, lane % 4);
+    let row = if i < 2 || (4..6).contains(&i) { group } else { group + 8 };
+    let col = if i < 4 { thread_in_group * 2 + (i & 1) } else { thread_in_group * 2 + (i & 1) + 8 };
+    (row, col)
+}
+
+/// `(row, col)` of B element `b_i` held by `lane`.
+fn b_position(lane: usize, i: usize) -> (usize, usize) {
+    let (group, thread_in_group) = (lane >> 2, lane % 4);
+    let row = if i < 2 { thread_in_group * 2 + (i & 1) } else { thread_in_group * 2 + (i & 1) + 8 };
+    (row, group)
+}
+
+/// `(row, col)` of C/D element `c_i` held by `lane`.
+fn c_position(lane: usize, i: usize) -> (usize, usize) {
+    let (group, thread_in_group) = (lane >> 2, lane % 4);
+    let row = if i < 2 { group } else { group + 8 };
+    (row, thread_in_group * 2 + (i & 1))
+}
+
+/// Two 16-bit elements in one register, the first in the low half.
+fn pack(lo: u16, hi: u16) -> u32 {
+    u32::from(lo) | (u32::from(hi) << 16)
+}
+
+/// Where row `row` of matrix `matrix` of the `ldmatrix` test lives: a
+/// permutation of 32 row slots (7 is odd, so the eight rows of a matrix
+/// still fall in eight different bank groups).
+fn row_addr(matrix: usize, row: usize) -> u32 {
+    arch::dynamic_smem_base() + (((matrix * 8 + row) * 7 % 32) * 16) as u32
+}
+
+/// Element `(row, col)` of matrix `matrix`: all 256 distinct.
+fn element(matrix: usize, row: usize, col: usize) -> u16 {
+    (matrix * 64 + row * 8 + col) as u16
+}
+
+/// Each lane stores the row it will address, then the warp runs `load`.
+fn run_ldmatrix(load: unsafe fn(u32) -> [u32; 4]) -> Vec<[u32; 4]> {
+    run_block(32, 512, &[], |lane| {
+        let (matrix, row) = (lane as usize / 8, lane as usize % 8);
+        for word in 0..4 {
+            let value = pack(element(matrix, row, 2 * word), element(matrix, row, 2 * word + 1));
+            unsafe { arch::st_shared_u32(row_addr(matrix, row) + 4 * word as u32, value) };
+        }
+        arch::sync_warp();
+        unsafe { load(row_addr(matrix, row)) }
+    })
+    .unwrap()
+}
+
+/// Every (matrix, row, 32-bit word of the row) of an `ldmatrix.x4`.
+fn matrix_words() -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..4).flat_map(|m| (0..8).flat_map(move |r| (0..4).map(move |w| (m, r, w))))
+}
+
+#[test]
+fn ldmatrix_x4_gives_each_lane_its_fragment() {
+    let got = run_ldmatrix(arch::ldmatrix_x4);
+    // PTX ISA: each row is four 32-bit words; word w of row r of a matrix
+    // goes to lane 4r + w, in the register of that matrix.
+    for (matrix, row, word) in matrix_words() {
+        let lane = 4 * row + word;
+        let expected = pack(element(matrix, row, 2 * word), element(matrix, row, 2 * word + 1));
+        assert_eq!(got[lane][matrix], expected, "lane {lane}, matrix {matrix}");
+    }
+}
+
+#[test]
+fn ldmatrix_x4_trans_gives_each_lane_the_transposed_fragment() {
+    let got = run_ldmatrix(arch::ldmatrix_x4_trans);
+    // With .trans the lane that would hold (r, 2w), (r, 2w + 1) holds
+    // (2w, r), (2w + 1, r).
+    for (matrix, row, word) in matrix_words() {
+        let lane = 4 * row + word;
+        let expected = pack(element(matrix, 2 * word, row), element(matrix, 2 * word + 1, row));
+        assert_eq!(got[lane][matrix], expected, "lane {lane}, matrix {matrix}");
+    }
+}
+
+/// A 16-bit float format of the mma test.
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    F16,
+    Bf16,
+}
+
+impl Format {
+    fn bits(self, x: f64) -> u16 {
+        match self {
+            Format::F16 => f16::from_f64(x).to_bits(),
+            Format::Bf16 => bf16::from_f64(x).to_bits(),
+        }
+    }
+}
+
+/// Runs one `mma` of `format` on A (16x16), B (16x8) and C (16x8) given as
+/// matrices, with fragments assembled per the ISA tables, and returns D.
+fn run_mma(format: Format, a: &[[f64; 16]; 16], b: &[[f64; 8]; 16], c: &[[f32; 8]; 16]) -> [[f32; 8]; 16] {
+    let lanes = run_block(32, 0, &[], |lane| {
+        let lane = lane as usize;
+        let a_frag: [u32; 4] = std::array::from_fn(|r| {
+            let [(r0, c0), (r1, c1)] = [a_position(lane, 2 * r), a_position(lane, 2 * r + 1)];
+            pack(format.bits(a[r0][c0]), format.bits(a[r1][c1]))
+        });
+        let b_frag: [u32; 2] = std::array::from_fn(|r| {
+            let [(r0, c0), (r1, c1)] = [b_position(lane, 2 * r), b_position(lane, 2 * r + 1)];
+            pack(format.bits(b[r0][c0]), format.bits(b[r1][c1]))
+        });
+        let mut acc: [f32; 4] = std::array::from_fn(|i| {
+            let (row, col) = c_position(lane, i);
+            c[row][col]
+        });
+        match format {
+            Format::F16 => arch::mma_f16(&mut acc, &a_frag, &b_frag),
+            Format::Bf16 => arch::mma_bf16(&mut acc, &a_frag, &b_frag),
+        }
+        acc
+    })
+    .unwrap();
+    let mut d = [[f32::NAN; 8]; 16];
+    for (lane, acc) in lanes.iter().enumerate() {
+        for (i, &value) in acc.iter().enumerate() {
+            let (row, col) = c_position(lane, i);
+            d[row][col] = value;
+        }
+    }
+    d
+}
+
+/// A (16x16), B (16x8) and C (16x8).
+type MmaInputs = ([[f64; 16]; 16], [[f64; 8]; 16], [[f32; 8]; 16]);
+
+/// Inputs whose products and sums are exact in f64, so that the f64 matrix
+/// product rounded once to f32 is the one right answer: A and B are
+/// multiples of 2^-8 below 4 in magnitude (exact in f16, and in bf16 when
+/// `bf16_exact`), C multiples of 2^-16 below 8.
+fn mma_inputs(bf16_exact: bool) -> impl Strategy<Value = MmaInputs> {
+    let limit = if bf16_exact { 256 } else { 1024 };
+    let small = move || (-limit..limit).prop_map(|k: i32| f64::from(k) / 256.0);
+    (
+        proptest::array::uniform16(proptest::array::uniform16(small())),
+        proptest::array::uniform16(proptest::array::uniform8(small())),
+        proptest::array::uniform16(proptest::array::uniform8(
+            (-(8 << 16)..8 << 16).prop_map(|k: i32| k as f32 / 65536.0),
+        )),
+    )
+}
+
+fn matrix_product(a: &[[f64; 16]; 16], b: &[[f64; 8]; 16], c: &[[f32; 8]; 16]) -> [[f32; 8]; 16] {
+    std::array::from_fn(|i| {
+        std::array::from_fn(|j| ((0..16).map(|k| a[i][k] * b[k][j]).sum::<f64>() + f64::from(c[i][j])) as f32)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn mma_f16_is_the_matrix_product((a, b, c) in mma_inputs(false)) {
+        prop_assert_eq!(run_mma(Format::F16, &a, &b, &c), matrix_product(&a, &b, &c));
+    }
+
+    #[test]
+    fn mma_bf16_is_the_matrix_product((a, b, c) in mma_inputs(true)) {
+        prop_assert_eq!(run_mma(Format::Bf16, &a, &b, &c), matrix_product(&a, &b, &c));
+    }
+}
+
+#[test]
+fn mma_rounds_the_exact_sum_once() {
+    // 2^24 + 1 + 2^-30: an f32 (or f64) running sum loses the 2^-30 and
+    // rounds the tie 2^24 + 1 to even, 2^24; the exact sum rounds up.
+    let mut a = [[0.0; 16]; 16];
+    let mut b = [[0.0; 8]; 16];
+    (a[0][0], b[0][0]) = (4096.0, 4096.0);
+    (a[0][1], b[1][0]) = (1.0, 1.0);
+    (a[0][2], b[2][0]) = (2f64.powi(-15), 2f64.powi(-15));
+    let d = run_mma(Format::F16, &a, &b, &[[0.0; 8]; 16]);
+    assert_eq!(d[0][0], 16_777_218.0);
+}
+
+#[test]
+fn shfl_bfly_reads_lane_xor_mask() {
+    for mask in [0, 1, 2, 4, 8, 16, 31] {
+        let got = run_block(32, 0, &[], |lane| arch::shfl_xor_f32(lane as f32 * 3.0, mask)).unwrap();
+        for (lane, value) in got.iter().enumerate() {
+            assert_eq!(*value, (lane as u32 ^ mask) as f32 * 3.0, "mask {mask}, lane {lane}");
+        }
+    }
+    // With c = 0x1f a source past lane 31 is out of range: a lane keeps its own value.
+    let got = run_block(32, 0, &[], |lane| arch::shfl_xor_f32(lane as f32, 32)).unwrap();
+    assert!(got.iter().enumerate().all(|(lane, &v)| v == lane as f32));
+}
+
+#[test]
+fn ex2_matches_the_isa_special_values_and_is_correctly_rounded() {
+    // PTX ISA table: -Inf -> +0, -0 -> +1, +0 -> +1, +Inf -> +Inf, NaN -> NaN.
+    assert_eq!(arch::exp2(f32::NEG_INFINITY).to_bits(), 0.0f32.to_bits());
+    assert_eq!(arch::exp2(-0.0), 1.0);
+    assert_eq!(arch::exp2(0.0), 1.0);
+    assert_eq!(arch::exp2(f32::INFINITY), f32::INFINITY);
+    assert!(arch::exp2(f32::NAN).is_nan());
+    // .ftz: a subnormal input counts as 0; a subnormal result becomes +0.
+    assert_eq!(arch::exp2(f32::from_bits(1)), 1.0);
+    assert_eq!(arch::exp2(-130.0).to_bits(), 0.0f32.to_bits());
+    assert_eq!(arch::exp2(-126.0), f32::MIN_POSITIVE);
+    assert_eq!(arch::exp2(128.0), f32::INFINITY);
+    for i in -2000..2000 {
+        let x = i as f32 * 0.0625 + 0.013;
+        let exact = (x as f64).exp2();
+        assert!(((arch::exp2(x) as f64) - exact).abs() <= ulp(exact) / 2.0, "exp2({x})");
+    }
+}
+
+#[test]
+fn lg2_matches_the_isa_special_values_and_is_correctly_rounded() {
+    // PTX ISA table: -Inf, -normal -> NaN; -0, +0 -> -Inf; +Inf -> +Inf.
+    assert!(arch::log2(f32::NEG_INFINITY).is_nan());
+    assert!(arch::log2(-1.0).is_nan());
+    assert_eq!(arch::log2(-0.0), f32::NEG_INFINITY);
+    assert_eq!(arch::log2(0.0), f32::NEG_INFINITY);
+    assert_eq!(arch::log2(f32::INFINITY), f32::INFINITY);
+    // .ftz: a subnormal input counts as 0.
+    assert_eq!(arch::log2(f32::from_bits(5)), f32::NEG_INFINITY);
+    for i in 1..4000 {
+        let x = i as f32 * 0.37;
+        let exact = (x as f64).log2();
+        assert!(((arch::log2(x) as f64) - exact).abs() <= ulp(exact) / 2.0, "log2({x})");
+    }
+}
+
+#[test]
+fn rcp_matches_the_isa_special_values_and_is_correctly_rounded() {
+    assert_eq!(arch::recip(f32::NEG_INFINITY).to_bits(), (-0.0f32).to_bits());
+    assert_eq!(arch::recip(-0.0), f32::NEG_INFINITY);
+    assert_eq!(arch::recip(0.0), f32::INFINITY);
+    assert_eq!(arch::recip(f32::INFINITY).to_bits(), 0.0f32.to_bits());
+    assert!(arch::recip(f32::NAN).is_nan());
+    // .ftz both ways.
+    assert_eq!(arch::recip(-f32::from_bits(3)), f32::NEG_INFINITY);
+    assert_eq!(arch::recip(2f32.powi(127)).to_bits(), 0.0f32.to_bits());
+    assert_eq!(arch::recip(3.0), 1.0 / 3.0);
+}
+
+/// The spacing of f32 values at `x`.
+fn ulp(x: f64) -> f64 {
+    let x = (x as f32).abs();
+    f64::from(f32::from_bits(x.to_bits() + 1) - x)
+}
+
+#[test]
+fn fma_rounds_once() {
+    let a = 1.0 + 2f32.powi(-12);
+    // a * a = 1 + 2^-11 + 2^-24 exactly; rounded first, the 2^-24 (a tie)
+    // would go.
+    assert_eq!(arch::fma(a, a, -1.0), 2f32.powi(-11) + 2f32.powi(-24));
+    // No .ftz: subnormal results are kept.
+    assert_eq!(arch::fma(f32::MIN_POSITIVE, 0.5, 0.0), f32::MIN_POSITIVE / 2.0);
+}
+
+#[test]
+fn cvt_packs_lo_in_the_low_half_rounding_to_nearest_even() {
+    let f16_bits = |x: f32| arch::pack_f16x2(x, 0.0) as u16;
+    assert_eq!(arch::pack_f16x2(1.0, -2.0), pack(0x3c00, 0xc000));
+    assert_eq!(f16_bits(1.0 + 2f32.powi(-11)), 0x3c00); // tie: to even, 1
+    assert_eq!(f16_bits(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02); // tie: to even, 1 + 2^-9
+    assert_eq!(f16_bits(1.0 + 2f32.powi(-11) + 2f32.powi(-20)), 0x3c01); // above the tie
+    assert_eq!(f16_bits(65519.0), 0x7bff); // below the tie: 65504
+    assert_eq!(f16_bits(65520.0), 0x7c00); // the tie rounds to even: +Inf
+    assert_eq!(f16_bits(2f32.powi(-25)), 0x0000); // tie with the smallest subnormal
+    assert_eq!(f16_bits(3.0 * 2f32.powi(-25)), 0x0002);
+    assert_eq!(f16_bits(-0.0), 0x8000);
+
+    let bf16_bits = |x: f32| arch::pack_bf16x2(x, 0.0) as u16;
+    assert_eq!(arch::pack_bf16x2(1.0, -2.0), pack(0x3f80, 0xc000));
+    assert_eq!(bf16_bits(1.0 + 2f32.powi(-8)), 0x3f80);
+    assert_eq!(bf16_bits(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+    assert_eq!(bf16_bits(f32::MAX), 0x7f80); // rounds past the largest bf16
+    assert_eq!(bf16_bits(f32::from_bits(0x0001_8000)), 0x0002); // subnormals kept, tie to even
+    assert!(f16::from_bits(f16_bits(f32::NAN)).is_nan() && bf16::from_bits(bf16_bits(f32::NAN)).is_nan());
+}
+
+#[test]
+fn cp_async_copies_or_zero_fills_and_lands_at_wait_group() {
+    #[repr(C, align(16))]
+    struct Source([u8; 64]);
+    let source = Source(std::array::from_fn(|i| i as u8 + 1));
+    let regions = [GlobalRegion::read_only("source", &source.0)];
+    let got = run_block(4, 64, &regions, |tid| unsafe {
+        let dst = arch::dynamic_smem_base() + 16 * tid;
+        // Threads 0 and 2 copy; 1 and 3 zero-fill without reading.
+        let (src, bytes) =
+            if tid % 2 == 0 { (source.0.as_ptr().add(16 * tid as usize), 16) } else { (std::ptr::null(), 0) };
+        arch::cp_async_16(dst, src, bytes);
+        arch::cp_async_commit();
+        arch::cp_async_wait::<0>();
+        arch::sync_threads();
+        arch::ld_shared_v4(arch::dynamic_smem_base() + 16 * ((tid + 1) % 4))
+    })
+    .unwrap();
+    for (tid, words) in got.iter().enumerate() {
+        let from = (tid + 1) % 4;
+        let expected: [u32; 4] = if from % 2 == 0 {
+            std::array::from_fn(|w| u32::from_le_bytes(std::array::from_fn(|b| source.0[16 * from + 4 * w + b])))
+        } else {
+            [0; 4]
+        };
+        assert_eq!(*words, expected, "thread {tid} reads chunk {from}");
+    }
+}
+
+#[test]
+fn sync_threads_publishes_shared_stores_to_the_block() {
+    let got = run_block(128, 512, &[], |tid| unsafe {
+        arch::st_shared_u32(arch::dynamic_smem_base() + 4 * tid, tid * 10);
+        arch::sync_threads();
+        arch::ld_shared_v4(arch::dynamic_smem_base() + 16 * ((tid + 40) % 32))
+    })
+    .unwrap();
+    for (tid, words) in got.iter().enumerate() {
+        let first = 4 * ((tid as u32 + 40) % 32);
+        assert_eq!(*words, [first * 10, (first + 1) * 10, (first + 2) * 10, (first + 3) * 10]);
+    }
+}
+
+#[test]
+fn special_registers_and_global_stores() {
+    use flash_attn_kernels::emu::{launch, LaunchConfig};
+    let (grid, threads) = ([3u32, 2, 2], 64u32);
+    let mut out = vec![f32::NAN; (grid.iter().product::<u32>() * threads) as usize];
+    let base = out.as_mut_ptr();
+    let regions = [GlobalRegion::writable("out", &mut out)];
+    let config = LaunchConfig::new(grid, threads, 0);
+    unsafe {
+        launch(&config, &regions, || {
+            let block = (arch::block_idx_z() * 2 + arch::block_idx_y()) * arch::grid_dim_x() + arch::block_idx_x();
+            let index = block * threads + arch::thread_idx_x();
+            arch::st_global_f32(base.add(index as usize), index as f32);
+        })
+    }
+    .unwrap();
+    assert!(out.iter().enumerate().all(|(i, &v)| v == i as f32));
+}
