@@ -58,10 +58,10 @@ fn compile_kernels(root: &Path) -> Result<String> {
         format!("target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={PTX_ARCH}\",\"-Cllvm-args=-unroll-threshold=1000\"]");
     run(Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root.join("kernels"))
-        .args(["build", "--release", "--target", PTX_TARGET, "-Zbuild-std=core", "--config", &rustflags])
+        .args(["build", "--profile", "ptx", "--target", PTX_TARGET, "-Zbuild-std=core", "--config", &rustflags])
         .arg("--target-dir")
         .arg(&target_dir))?;
-    let ptx_path = target_dir.join(PTX_TARGET).join("release/flash_attn_kernels.ptx");
+    let ptx_path = target_dir.join(PTX_TARGET).join("ptx/flash_attn_kernels.ptx");
     fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))
 }
 
