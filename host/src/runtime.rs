@@ -205,7 +205,9 @@ mod tests {
         for name in KERNEL_NAMES {
             assert!(PTX.contains(&format!(".visible .entry {name}(")), "{name} missing from the embedded PTX");
         }
-        assert_eq!(PTX.matches(".visible .entry").count(), KERNEL_NAMES.len());
+        // The attention kernels, and the primitive probe of the emulator cross-check.
+        assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), KERNEL_NAMES.len());
+        assert!(PTX.contains(".visible .entry probe_primitives("));
     }
 
     #[test]

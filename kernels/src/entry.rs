@@ -88,3 +88,11 @@ forward_kernels! {
 pub fn kernel(name: &str) -> Option<&'static HostKernel> {
     KERNELS.iter().find(|k| k.name == name)
 }
+
+/// The primitive probe ([`crate::probe`]) as a kernel: the GPU side of the
+/// emulator cross-check.
+#[cfg(target_arch = "nvptx64")]
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn probe_primitives(input: *const u32, output: *mut u32) {
+    crate::probe::probe_primitives(input, output)
+}

@@ -5,7 +5,8 @@
 //! and their swizzle; [`pipeline`] global <-> shared copies; [`mma`] the
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
 //! and masking; [`epilogue`] normalising and storing O and the LSE;
-//! [`forward`] the kernel body; [`entry`] the exported kernel instances.
+//! [`forward`] the kernel body; [`entry`] the exported kernel instances;
+//! [`probe`] one warp running each primitive, to check the emulator on a GPU.
 //!
 //! On the host the same code compiles against an emulation of every
 //! primitive ([`emu`]), which runs the kernels on the CPU; [`emulated`]
@@ -30,6 +31,7 @@ pub mod layout;
 pub mod mma;
 pub mod params;
 pub mod pipeline;
+pub mod probe;
 pub mod softmax;
 
 #[cfg(not(target_arch = "nvptx64"))]

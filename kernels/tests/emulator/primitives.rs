@@ -356,3 +356,56 @@ fn special_registers_and_global_stores() {
     .unwrap();
     assert!(out.iter().enumerate().all(|(i, &v)| v == i as f32));
 }
+
+/// The probe kernel of the GPU cross-check (tests/tests/emulator_crosscheck.rs)
+/// runs in the emulator without a fault and writes every output word, with
+/// the shuffles and packs giving what their plain models say.
+#[test]
+fn the_gpu_cross_check_probe_runs_in_the_emulator() {
+    use flash_attn_kernels::emu::{launch, LaunchConfig};
+    use flash_attn_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
+
+    #[derive(Clone, Copy)]
+    #[repr(C, align(16))]
+    struct Quad([u32; 4]);
+    let mut input_quads = vec![Quad([0; 4]); probe::INPUT_WORDS / 4];
+    // SAFETY: Quad is four u32 with no padding.
+    let input_words =
+        unsafe { std::slice::from_raw_parts_mut(input_quads.as_mut_ptr().cast::<u32>(), probe::INPUT_WORDS) };
+    for (i, w) in input_words.iter_mut().enumerate() {
+        // Small finite floats everywhere, so every instruction has a normal input.
+        *w = (1.0 + (i % 97) as f32 / 64.0).to_bits();
+    }
+    let lane_word = |lane: usize, i: usize| probe::SMEM_BYTES as usize / 4 + lane * LANE_INPUT_WORDS + i;
+    let mut output_quads = vec![Quad([0xdead_beef; 4]); probe::OUTPUT_WORDS / 4];
+    // SAFETY: as above.
+    let output_words =
+        unsafe { std::slice::from_raw_parts_mut(output_quads.as_mut_ptr().cast::<u32>(), probe::OUTPUT_WORDS) };
+    let (input_ptr, output_ptr) = (input_words.as_ptr(), output_words.as_mut_ptr());
+    let regions = [GlobalRegion::read_only("input", input_words), GlobalRegion::writable("output", output_words)];
+    // SAFETY: the regions are the buffers behind the pointers.
+    unsafe {
+        launch(&LaunchConfig::new([1, 1, 1], 32, probe::SMEM_BYTES), &regions, || {
+            probe::probe_primitives(input_ptr, output_ptr)
+        })
+    }
+    .expect("the probe runs in the emulator");
+    let (input_words, output_words) = (input_words as &[u32], output_words as &[u32]);
+    for lane in 0..32 {
+        for i in 0..=output::PACK_BF16 {
+            assert_ne!(output_words[lane * LANE_OUTPUT_WORDS + i], 0xdead_beef, "lane {lane} word {i} not written");
+        }
+        for (j, mask) in [1, 2, 4, 8, 16].into_iter().enumerate() {
+            assert_eq!(
+                output_words[lane * LANE_OUTPUT_WORDS + output::SHUFFLE + j],
+                input_words[lane_word(lane ^ mask, input::SHUFFLE)]
+            );
+        }
+        let (lo, hi) = (
+            f32::from_bits(input_words[lane_word(lane, input::PACK)]),
+            f32::from_bits(input_words[lane_word(lane, input::PACK + 1)]),
+        );
+        let packed = output_words[lane * LANE_OUTPUT_WORDS + output::PACK_F16];
+        assert_eq!(packed, pack(f16::from_f32(lo).to_bits(), f16::from_f32(hi).to_bits()));
+    }
+}
