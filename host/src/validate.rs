@@ -3,7 +3,7 @@
 
 use crate::config::{TileConfig, HEAD_DIM_128, HEAD_DIM_64};
 use crate::error::{Error, Result};
-use crate::params::ForwardParams;
+use crate::params::{ForwardParams, ForwardSizes, TensorArg};
 
 /// Shape and strides (in elements) of a `[batch, seqlen, heads, head_dim]` tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,36 +212,16 @@ pub fn validate(
     }
     debug_assert_eq!(config.head_dim as usize, head_dim);
 
-    let strides = |t: &Placed| t.layout.strides.map(|s| s as i64);
-    let [qb, qs, qh, _] = strides(q);
-    let [kb, ks, kh, _] = strides(k);
-    let [vb, vs, vh, _] = strides(v);
-    let [ob, os, oh, _] = strides(o);
-    let forward = ForwardParams {
-        q: q.addr as *const u16,
-        k: k.addr as *const u16,
-        v: v.addr as *const u16,
-        o: o.addr as *mut u16,
-        lse: lse_addr as *mut f32,
-        q_batch_stride: qb,
-        q_row_stride: qs,
-        q_head_stride: qh,
-        k_batch_stride: kb,
-        k_row_stride: ks,
-        k_head_stride: kh,
-        v_batch_stride: vb,
-        v_row_stride: vs,
-        v_head_stride: vh,
-        o_batch_stride: ob,
-        o_row_stride: os,
-        o_head_stride: oh,
+    let arg =
+        |t: &Placed| TensorArg { ptr: t.addr as *const u16, strides: [0, 1, 2].map(|i| t.layout.strides[i] as i64) };
+    let sizes = ForwardSizes {
         seqlen_q: seqlen_q as u32,
         seqlen_k: seqlen_k as u32,
         heads_q: heads_q as u32,
         heads_per_kv: (heads_q / heads_kv) as u32,
-        scale_log2: scale * std::f32::consts::LOG2_E,
-        _pad: 0,
     };
+    let o_arg = TensorArg { ptr: o.addr as *mut u16, strides: arg(o).strides };
+    let forward = ForwardParams::new(arg(q), arg(k), arg(v), o_arg, lse_addr as *mut f32, sizes, scale);
     let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
     Ok((forward, problem))
 }

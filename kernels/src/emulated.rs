@@ -4,7 +4,7 @@
 
 use crate::emu::{self, GlobalRegion, LaunchConfig};
 use crate::entry::{DType, HostKernel};
-use crate::params::ForwardParams;
+use crate::params::{ForwardParams, ForwardSizes, TensorArg};
 
 /// 16 bytes, the alignment `cp.async` needs of every tensor.
 #[derive(Clone, Copy, Debug)]
@@ -153,37 +153,19 @@ pub fn forward_params(
     assert_eq!(o.shape, q.shape, "o must have q's shape");
     assert!(heads_q.is_multiple_of(heads_kv), "heads_q must be a multiple of heads_kv");
     assert_eq!(lse.len(), batch * heads_q * seqlen_q, "lse must hold batch * heads_q * seqlen_q values");
-    let strides = |t: &Tensor| {
+    let arg = |t: &Tensor| {
         assert_eq!(t.strides[3], 1, "head_dim must be contiguous");
-        t.strides.map(|s| s as i64)
+        TensorArg { ptr: t.data().as_ptr(), strides: [0, 1, 2].map(|i| t.strides[i] as i64) }
     };
-    let ([qb, qs, qh, _], [kb, ks, kh, _], [vb, vs, vh, _], [ob, os, oh, _]) =
-        (strides(q), strides(k), strides(v), strides(o));
-    ForwardParams {
-        q: q.data().as_ptr(),
-        k: k.data().as_ptr(),
-        v: v.data().as_ptr(),
-        o: o.data_mut().as_mut_ptr(),
-        lse: lse.as_mut_ptr(),
-        q_batch_stride: qb,
-        q_row_stride: qs,
-        q_head_stride: qh,
-        k_batch_stride: kb,
-        k_row_stride: ks,
-        k_head_stride: kh,
-        v_batch_stride: vb,
-        v_row_stride: vs,
-        v_head_stride: vh,
-        o_batch_stride: ob,
-        o_row_stride: os,
-        o_head_stride: oh,
+    let sizes = ForwardSizes {
         seqlen_q: seqlen_q as u32,
         seqlen_k: seqlen_k as u32,
         heads_q: heads_q as u32,
         heads_per_kv: (heads_q / heads_kv) as u32,
-        scale_log2: scale * std::f32::consts::LOG2_E,
-        _pad: 0,
-    }
+    };
+    let o_strides = arg(o).strides;
+    let o_arg = TensorArg { ptr: o.data_mut().as_mut_ptr(), strides: o_strides };
+    ForwardParams::new(arg(q), arg(k), arg(v), o_arg, lse.as_mut_ptr(), sizes, scale)
 }
 
 /// O (of `q`'s shape) and the LSE (`[batch, heads_q, seqlen_q]`) of one

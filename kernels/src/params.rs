@@ -33,3 +33,61 @@ pub struct ForwardParams {
     pub scale_log2: f32,
     pub _pad: u32,
 }
+
+/// A tensor as the kernel sees it: its first element and its strides (in
+/// elements) over batch, seqlen and heads.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorArg<P> {
+    pub ptr: P,
+    pub strides: [i64; 3],
+}
+
+/// The sizes of one forward call.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardSizes {
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub heads_q: u32,
+    pub heads_per_kv: u32,
+}
+
+impl ForwardParams {
+    /// The argument block of one call; `softmax_scale` is folded with
+    /// log2(e) for the kernels' exp2.
+    pub fn new(
+        q: TensorArg<*const u16>,
+        k: TensorArg<*const u16>,
+        v: TensorArg<*const u16>,
+        o: TensorArg<*mut u16>,
+        lse: *mut f32,
+        sizes: ForwardSizes,
+        softmax_scale: f32,
+    ) -> Self {
+        let ([qb, qs, qh], [kb, ks, kh], [vb, vs, vh], [ob, os, oh]) = (q.strides, k.strides, v.strides, o.strides);
+        ForwardParams {
+            q: q.ptr,
+            k: k.ptr,
+            v: v.ptr,
+            o: o.ptr,
+            lse,
+            q_batch_stride: qb,
+            q_row_stride: qs,
+            q_head_stride: qh,
+            k_batch_stride: kb,
+            k_row_stride: ks,
+            k_head_stride: kh,
+            v_batch_stride: vb,
+            v_row_stride: vs,
+            v_head_stride: vh,
+            o_batch_stride: ob,
+            o_row_stride: os,
+            o_head_stride: oh,
+            seqlen_q: sizes.seqlen_q,
+            seqlen_k: sizes.seqlen_k,
+            heads_q: sizes.heads_q,
+            heads_per_kv: sizes.heads_per_kv,
+            scale_log2: softmax_scale * core::f32::consts::LOG2_E,
+            _pad: 0,
+        }
+    }
+}
