@@ -205,9 +205,11 @@ mod tests {
         for name in KERNEL_NAMES {
             assert!(PTX.contains(&format!(".visible .entry {name}(")), "{name} missing from the embedded PTX");
         }
-        // The attention kernels, and the primitive probe of the emulator cross-check.
+        // The attention kernels, the primitive probe of the emulator
+        // cross-check, and the benchmark's mma.sync ceiling.
         assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), KERNEL_NAMES.len());
         assert!(PTX.contains(".visible .entry probe_primitives("));
+        assert!(PTX.contains(".visible .entry mma_ceiling("));
     }
 
     #[test]

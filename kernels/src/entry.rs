@@ -96,3 +96,10 @@ pub fn kernel(name: &str) -> Option<&'static HostKernel> {
 pub unsafe extern "ptx-kernel" fn probe_primitives(input: *const u32, output: *mut u32) {
     crate::probe::probe_primitives(input, output)
 }
+
+/// The mma.sync ceiling ([`crate::ceiling`]) as a kernel, for the benchmark.
+#[cfg(target_arch = "nvptx64")]
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn mma_ceiling(iterations: u32, out: *mut f32, threads: u32) {
+    crate::ceiling::mma_ceiling(iterations, out, threads)
+}

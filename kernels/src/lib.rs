@@ -6,7 +6,8 @@
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
 //! and masking; [`epilogue`] normalising and storing O and the LSE;
 //! [`forward`] the kernel body; [`entry`] the exported kernel instances;
-//! [`probe`] one warp running each primitive, to check the emulator on a GPU.
+//! [`probe`] one warp running each primitive, to check the emulator on a GPU;
+//! [`ceiling`] register-only MMAs, the benchmark's ceiling.
 //!
 //! On the host the same code compiles against an emulation of every
 //! primitive ([`emu`]), which runs the kernels on the CPU; [`emulated`]
@@ -20,6 +21,7 @@
 #![allow(clippy::needless_range_loop, clippy::new_without_default)]
 
 pub mod arch;
+pub mod ceiling;
 pub mod config;
 pub mod element;
 #[cfg(not(target_arch = "nvptx64"))]

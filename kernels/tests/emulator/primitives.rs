@@ -409,3 +409,30 @@ fn the_gpu_cross_check_probe_runs_in_the_emulator() {
         assert_eq!(packed, pack(f16::from_f32(lo).to_bits(), f16::from_f32(hi).to_bits()));
     }
 }
+
+/// The benchmark's ceiling kernel accumulates one fixed product per
+/// iteration into each chain: 3 iterations give 3 times what 1 gives.
+#[test]
+fn the_ceiling_kernel_accumulates_its_iterations() {
+    use flash_attn_kernels::ceiling::mma_ceiling;
+    let run = |iterations: u32| {
+        let mut out = vec![f32::NAN; 64];
+        let out_ptr = out.as_mut_ptr();
+        let regions = [GlobalRegion::writable("out", &mut out)];
+        // SAFETY: `out` holds one f32 per thread of the launch.
+        unsafe {
+            flash_attn_kernels::emu::launch(
+                &flash_attn_kernels::emu::LaunchConfig::new([2, 1, 1], 32, 0),
+                &regions,
+                || mma_ceiling(iterations, out_ptr, 32),
+            )
+        }
+        .expect("the ceiling kernel runs in the emulator");
+        out
+    };
+    let (once, thrice) = (run(1), run(3));
+    for (thread, (&x, &y)) in once.iter().zip(&thrice).enumerate() {
+        assert!(x.is_finite() && x > 0.0, "thread {thread}: {x}");
+        assert!((y - 3.0 * x).abs() <= 1e-6 * y.abs(), "thread {thread}: {y} is not 3 x {x}");
+    }
+}
