@@ -45,7 +45,10 @@ echo "== benchmark"
 bench_args=()
 [ "${1:-}" = "--quick-bench" ] && bench_args+=(--quick)
 bench="FAILED"
+# The standard grid (d 64 and 128), then prefill rows for the other head dims.
 if "$here/bin/bench" --out "$results/ours.jsonl" "${bench_args[@]}" && \
+   "$here/bin/bench" --out "$results/other.jsonl" --head-dims 32,96,160,192,224,256 --seqlens 1024,4096 && \
+   cat "$results/other.jsonl" >> "$results/ours.jsonl" && rm "$results/other.jsonl" && \
    python3 "$here/bench_torch.py" "$results/ours.jsonl" --markdown "$results/bench.md" > "$results/bench_torch.log"; then
   bench="done"
   cat "$results/bench.md"

@@ -6,7 +6,7 @@
 //!
 //! Tensors are `[batch, seqlen, heads, head_dim]`, f16 or bf16, in device
 //! memory, with any strides on the first three dimensions (multiples of 8
-//! elements) and a contiguous last one. Supported: head dims 64 and 128,
+//! elements) and a contiguous last one. Supported: head dims 32 to 256 in steps of 32,
 //! causal (bottom-right aligned) and not, any sequence lengths, MQA/GQA.
 //! Every invalid input returns an [`Error`] and launches nothing.
 //!
@@ -53,5 +53,5 @@ pub use cust;
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use params::ForwardParams;
-pub use runtime::{Element, FlashAttention, Output, Tensor, TensorMut, KERNEL_NAMES, PTX};
+pub use runtime::{kernel_name, kernel_names, Element, FlashAttention, Output, Tensor, TensorMut, PTX};
 pub use validate::{validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_SEQLEN, SUPPORTED_HEAD_DIMS};

@@ -9,22 +9,28 @@ use cust::module::Module;
 use cust::stream::Stream;
 
 use crate::error::{Error, Result};
-use crate::validate::{tile_config, validate, AttentionParams, Layout, Placed, Problem};
+use crate::validate::{tile_config, validate, AttentionParams, Layout, Placed, Problem, SUPPORTED_HEAD_DIMS};
 
 /// The kernels' PTX, built from `kernels/` by `cargo xtask build-ptx`.
 pub const PTX: &str = include_str!("../kernels.ptx");
 
-/// Every kernel in [`PTX`], as `flash_fwd_d{64,128}_{f16,bf16}_{full,causal}`.
-pub const KERNEL_NAMES: [&str; 8] = [
-    "flash_fwd_d64_f16_full",
-    "flash_fwd_d64_f16_causal",
-    "flash_fwd_d64_bf16_full",
-    "flash_fwd_d64_bf16_causal",
-    "flash_fwd_d128_f16_full",
-    "flash_fwd_d128_f16_causal",
-    "flash_fwd_d128_bf16_full",
-    "flash_fwd_d128_bf16_causal",
-];
+/// The name of the attention kernel for one (head dim, element type, causal).
+pub fn kernel_name(head_dim: usize, element: &str, causal: bool) -> String {
+    format!("flash_fwd_d{head_dim}_{element}_{}", if causal { "causal" } else { "full" })
+}
+
+/// Every attention kernel in [`PTX`], with its head dim.
+pub fn kernel_names() -> Vec<(usize, String)> {
+    let mut names = Vec::new();
+    for head_dim in SUPPORTED_HEAD_DIMS.map(|d| d as usize) {
+        for element in ["f16", "bf16"] {
+            for causal in [false, true] {
+                names.push((head_dim, kernel_name(head_dim, element, causal)));
+            }
+        }
+    }
+    names
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -112,10 +118,9 @@ impl FlashAttention {
             return Err(Error::UnsupportedDevice { major, minor });
         }
         let module = Module::from_ptx(PTX, &[])?;
-        for name in KERNEL_NAMES {
-            let head_dim = if name.contains("_d64_") { 64 } else { 128 };
+        for (head_dim, name) in kernel_names() {
             let smem = tile_config(head_dim)?.smem_bytes();
-            let function = module.get_function(name)?;
+            let function = module.get_function(&name)?;
             // Allow more than the default 48 KiB of dynamic shared memory.
             let status = unsafe {
                 cust::sys::cuFuncSetAttribute(
@@ -202,20 +207,21 @@ mod tests {
     #[test]
     fn embedded_ptx_exports_every_kernel_for_sm_80() {
         assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");
-        for name in KERNEL_NAMES {
+        let names = kernel_names();
+        assert_eq!(names.len(), 32);
+        for (_, name) in &names {
             assert!(PTX.contains(&format!(".visible .entry {name}(")), "{name} missing from the embedded PTX");
         }
         // The attention kernels, the primitive probe of the emulator
         // cross-check, and the benchmark's mma.sync ceiling.
-        assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), KERNEL_NAMES.len());
+        assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), names.len());
         assert!(PTX.contains(".visible .entry probe_primitives("));
         assert!(PTX.contains(".visible .entry mma_ceiling("));
     }
 
     #[test]
     fn every_kernel_has_a_tile_config_that_fits_shared_memory() {
-        for name in KERNEL_NAMES {
-            let head_dim = if name.contains("_d64_") { 64 } else { 128 };
+        for (head_dim, name) in kernel_names() {
             let config = tile_config(head_dim).unwrap();
             assert_eq!(config.head_dim as usize, head_dim);
             // sm_80 allows 163 KiB of dynamic shared memory per block.

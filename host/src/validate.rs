@@ -1,7 +1,7 @@
 //! Input validation and kernel argument construction, as pure functions of
 //! shapes, strides and addresses, so that every rule is tested without a GPU.
 
-use crate::config::{TileConfig, HEAD_DIM_128, HEAD_DIM_64};
+use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
 use crate::params::{ForwardParams, ForwardSizes, TensorArg};
 
@@ -93,16 +93,12 @@ pub struct Problem {
     pub head_dim: usize,
 }
 
-/// The head dims that have kernels.
-pub const SUPPORTED_HEAD_DIMS: [usize; 2] = [64, 128];
+/// The head dims that have kernels: every multiple of 32 from 32 to 256.
+pub const SUPPORTED_HEAD_DIMS: [u32; 8] = config::HEAD_DIMS;
 
 /// The tile config of the kernels for `head_dim`.
 pub fn tile_config(head_dim: usize) -> Result<TileConfig> {
-    match head_dim {
-        64 => Ok(HEAD_DIM_64),
-        128 => Ok(HEAD_DIM_128),
-        d => Err(Error::UnsupportedHeadDim(d)),
-    }
+    u32::try_from(head_dim).ok().and_then(config::tile_config).ok_or(Error::UnsupportedHeadDim(head_dim))
 }
 
 /// Largest sequence length (the kernel's masks use i32 positions).
@@ -268,6 +264,14 @@ mod tests {
     }
 
     #[test]
+    fn accepts_every_supported_head_dim() {
+        for d in SUPPORTED_HEAD_DIMS {
+            let (_, problem) = Call::new(d as usize).run().unwrap_or_else(|e| panic!("head_dim {d}: {e}"));
+            assert_eq!(problem.head_dim, d as usize);
+        }
+    }
+
+    #[test]
     fn accepts_a_valid_gqa_call_and_builds_its_arguments() {
         let call = Call::new(128);
         let (args, problem) = call.run().expect("valid call");
@@ -291,7 +295,7 @@ mod tests {
 
     #[test]
     fn rejects_unsupported_head_dims() {
-        for d in [32, 96, 256] {
+        for d in [16, 48, 80, 288, 512] {
             assert_eq!(Call::new(d).run().unwrap_err(), Error::UnsupportedHeadDim(d));
         }
     }

@@ -2,6 +2,13 @@
 //! host crate includes this file too, so launch geometry and shared-memory
 //! sizes come from the one definition the kernels were compiled with.
 
+/// Bytes of one shared-memory tile row of `head_dim` 16-bit elements: padded
+/// to a multiple of 128 bytes (8 chunks of 16), so that the XOR swizzle of
+/// the chunk index by `row % 8` stays inside the row.
+pub const fn smem_row_bytes(head_dim: u32) -> u32 {
+    head_dim.div_ceil(64) * 128
+}
+
 /// Tile shape of one forward kernel instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileConfig {
@@ -26,7 +33,7 @@ impl TileConfig {
     /// Dynamic shared memory: the Q tile (reused to stage O) and two stages
     /// each of K and V.
     pub const fn smem_bytes(&self) -> u32 {
-        (self.block_m + 4 * self.block_n) * self.head_dim * 2
+        (self.block_m + 4 * self.block_n) * smem_row_bytes(self.head_dim)
     }
 
     const fn new(head_dim: u32, warps: u32, m_tiles: u32, block_n: u32, q_in_registers: bool) -> Self {
@@ -34,9 +41,44 @@ impl TileConfig {
     }
 }
 
+// Shapes per head dim, each the fastest measured (TUNING.md) or, for the
+// head dims not tuned yet, one that fits 255 registers without spills and
+// sm_80's 163 KiB of shared memory. 32 query rows per warp up to d=128; from
+// d=160 the O accumulators of 32 rows no longer fit, so 8 warps of 16 rows.
+
+/// Head dim 32.
+pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 /// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
 /// (TUNING.md, step 3).
 pub const HEAD_DIM_64: TileConfig = TileConfig::new(64, 4, 2, 64, true);
+/// Head dim 96.
+pub const HEAD_DIM_96: TileConfig = TileConfig::new(96, 4, 2, 32, false);
 /// Head dim 128: 128 query rows, 32 per warp, 32-key blocks, Q re-read from
 /// shared memory so the 32 rows fit in 255 registers (TUNING.md, step 2).
 pub const HEAD_DIM_128: TileConfig = TileConfig::new(128, 4, 2, 32, false);
+/// Head dim 160.
+pub const HEAD_DIM_160: TileConfig = TileConfig::new(160, 8, 1, 64, false);
+/// Head dim 192.
+pub const HEAD_DIM_192: TileConfig = TileConfig::new(192, 8, 1, 64, false);
+/// Head dim 224: 32-key blocks, to stay within sm_80's shared memory.
+pub const HEAD_DIM_224: TileConfig = TileConfig::new(224, 8, 1, 32, false);
+/// Head dim 256: 32-key blocks, to stay within sm_80's shared memory.
+pub const HEAD_DIM_256: TileConfig = TileConfig::new(256, 8, 1, 32, false);
+
+/// Every head dim with kernels.
+pub const HEAD_DIMS: [u32; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
+
+/// The tile config of the kernels for `head_dim`, if there are any.
+pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
+    match head_dim {
+        32 => Some(HEAD_DIM_32),
+        64 => Some(HEAD_DIM_64),
+        96 => Some(HEAD_DIM_96),
+        128 => Some(HEAD_DIM_128),
+        160 => Some(HEAD_DIM_160),
+        192 => Some(HEAD_DIM_192),
+        224 => Some(HEAD_DIM_224),
+        256 => Some(HEAD_DIM_256),
+        _ => None,
+    }
+}

@@ -3,7 +3,10 @@
 //! The host looks them up by these names. On the host (the emulator) each
 //! is a plain function, listed by name in [`KERNELS`].
 
-use crate::config::{TileConfig, HEAD_DIM_128, HEAD_DIM_64};
+use crate::config::{
+    TileConfig, HEAD_DIM_128, HEAD_DIM_160, HEAD_DIM_192, HEAD_DIM_224, HEAD_DIM_256, HEAD_DIM_32, HEAD_DIM_64,
+    HEAD_DIM_96,
+};
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
 use crate::params::ForwardParams;
@@ -73,14 +76,38 @@ macro_rules! forward_kernels {
 }
 
 forward_kernels! {
+    (flash_fwd_d32_f16_full, F16, false, HEAD_DIM_32),
+    (flash_fwd_d32_f16_causal, F16, true, HEAD_DIM_32),
+    (flash_fwd_d32_bf16_full, Bf16, false, HEAD_DIM_32),
+    (flash_fwd_d32_bf16_causal, Bf16, true, HEAD_DIM_32),
     (flash_fwd_d64_f16_full, F16, false, HEAD_DIM_64),
     (flash_fwd_d64_f16_causal, F16, true, HEAD_DIM_64),
     (flash_fwd_d64_bf16_full, Bf16, false, HEAD_DIM_64),
     (flash_fwd_d64_bf16_causal, Bf16, true, HEAD_DIM_64),
+    (flash_fwd_d96_f16_full, F16, false, HEAD_DIM_96),
+    (flash_fwd_d96_f16_causal, F16, true, HEAD_DIM_96),
+    (flash_fwd_d96_bf16_full, Bf16, false, HEAD_DIM_96),
+    (flash_fwd_d96_bf16_causal, Bf16, true, HEAD_DIM_96),
     (flash_fwd_d128_f16_full, F16, false, HEAD_DIM_128),
     (flash_fwd_d128_f16_causal, F16, true, HEAD_DIM_128),
     (flash_fwd_d128_bf16_full, Bf16, false, HEAD_DIM_128),
     (flash_fwd_d128_bf16_causal, Bf16, true, HEAD_DIM_128),
+    (flash_fwd_d160_f16_full, F16, false, HEAD_DIM_160),
+    (flash_fwd_d160_f16_causal, F16, true, HEAD_DIM_160),
+    (flash_fwd_d160_bf16_full, Bf16, false, HEAD_DIM_160),
+    (flash_fwd_d160_bf16_causal, Bf16, true, HEAD_DIM_160),
+    (flash_fwd_d192_f16_full, F16, false, HEAD_DIM_192),
+    (flash_fwd_d192_f16_causal, F16, true, HEAD_DIM_192),
+    (flash_fwd_d192_bf16_full, Bf16, false, HEAD_DIM_192),
+    (flash_fwd_d192_bf16_causal, Bf16, true, HEAD_DIM_192),
+    (flash_fwd_d224_f16_full, F16, false, HEAD_DIM_224),
+    (flash_fwd_d224_f16_causal, F16, true, HEAD_DIM_224),
+    (flash_fwd_d224_bf16_full, Bf16, false, HEAD_DIM_224),
+    (flash_fwd_d224_bf16_causal, Bf16, true, HEAD_DIM_224),
+    (flash_fwd_d256_f16_full, F16, false, HEAD_DIM_256),
+    (flash_fwd_d256_f16_causal, F16, true, HEAD_DIM_256),
+    (flash_fwd_d256_bf16_full, Bf16, false, HEAD_DIM_256),
+    (flash_fwd_d256_bf16_causal, Bf16, true, HEAD_DIM_256),
 }
 
 /// The instance called `name`.

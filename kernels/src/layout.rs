@@ -1,12 +1,15 @@
 //! Shared-memory tiles and their XOR swizzle.
 //!
 //! A tile holds `rows x HEAD_DIM` 16-bit elements, one row after another,
-//! each row `HEAD_DIM / 8` chunks of 16 bytes. A row is a multiple of 128
-//! bytes, so the same chunk of eight consecutive rows would fall in the same
-//! four banks; storing logical chunk `c` of row `r` at physical chunk
-//! `c ^ (r % 8)` spreads those eight chunks over all 32 banks. Both the
+//! each row `HEAD_DIM / 8` chunks of 16 bytes, padded to a multiple of 128
+//! bytes ([`smem_row_bytes`]). So the same chunk of eight consecutive rows
+//! would fall in the same four banks; storing logical chunk `c` of row `r`
+//! at physical chunk `c ^ (r % 8)` (which stays inside the padded row)
+//! spreads those eight chunks over all 32 banks. Both the
 //! `cp.async` writes (a row's chunks side by side) and the `ldmatrix` reads
 //! (one chunk of eight rows) are then free of bank conflicts.
+
+use crate::config::smem_row_bytes;
 
 /// A swizzled `[rows, HEAD_DIM]` tile at a shared-window address.
 #[derive(Clone, Copy)]
@@ -15,16 +18,16 @@ pub struct SmemTile<const HEAD_DIM: usize> {
 }
 
 impl<const HEAD_DIM: usize> SmemTile<HEAD_DIM> {
-    /// Bytes in one row.
-    pub const ROW_BYTES: u32 = (HEAD_DIM * 2) as u32;
-    /// 16-byte chunks in one row.
+    /// Bytes from one row to the next, padding included.
+    pub const ROW_BYTES: u32 = smem_row_bytes(HEAD_DIM as u32);
+    /// 16-byte chunks of data in one row.
     pub const CHUNKS_PER_ROW: u32 = (HEAD_DIM / 8) as u32;
 
     /// The tile at `base`, which must be 128-byte aligned.
     #[inline(always)]
     pub fn at(base: u32) -> Self {
         const {
-            assert!(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
+            assert!(HEAD_DIM % 32 == 0, "rows are whole 16-element k-steps of whole chunk pairs");
         }
         Self { base }
     }
@@ -38,7 +41,11 @@ impl<const HEAD_DIM: usize> SmemTile<HEAD_DIM> {
     /// Address of logical 16-byte chunk `chunk` of row `row`.
     #[inline(always)]
     pub fn chunk_addr(self, row: u32, chunk: u32) -> u32 {
-        self.base + row * Self::ROW_BYTES + ((chunk ^ (row % 8)) << 4)
+        // The same address as `(chunk ^ (row % 8)) << 4`, written so that
+        // the chunk's high bits, a compile-time constant at every call, fold
+        // into the instruction's immediate offset: each lane then keeps 4
+        // swizzled offsets live per operand instead of one per chunk.
+        self.base + row * Self::ROW_BYTES + ((chunk & !7) << 4) + (((chunk % 8) ^ (row % 8)) << 4)
     }
 
     /// Address of the 4-byte word holding elements `col` and `col + 1` of `row`

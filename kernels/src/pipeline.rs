@@ -9,11 +9,12 @@ use crate::layout::SmemTile;
 /// `valid_rows` are zero-filled without reading global memory. The caller
 /// commits the group.
 ///
+/// `rows` and `threads` (the block's) are compile-time constants at every
+/// call.
+///
 /// # Safety
 /// `src` row `r` must be readable for `r < valid_rows`; `valid_rows >= 1`.
 #[inline(always)]
-/// `rows` and `threads` (the block's) are compile-time constants at every
-/// call, and the block's threads must cover whole rows per pass.
 pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     tile: SmemTile<HEAD_DIM>,
     rows: u32,
@@ -24,6 +25,25 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     threads: u32,
 ) {
     let chunks_per_row = SmemTile::<HEAD_DIM>::CHUNKS_PER_ROW;
+    let copy = |row: u32, chunk: u32, from: *const u16| {
+        let in_bounds = row < valid_rows;
+        let from = if in_bounds { from } else { src };
+        arch::cp_async_16(tile.chunk_addr(row, chunk), from as *const u8, if in_bounds { 16 } else { 0 });
+    };
+    if !threads.is_multiple_of(chunks_per_row) {
+        // Rows of 12, 20, 24 or 28 chunks: pass p copies the block's chunks
+        // p * threads .. (p + 1) * threads in row-major order; the last pass
+        // may be partial.
+        let chunks = rows * chunks_per_row;
+        for pass in 0..chunks.div_ceil(threads) {
+            let i = pass * threads + tid;
+            if i < chunks {
+                let (row, chunk) = (i / chunks_per_row, i % chunks_per_row);
+                copy(row, chunk, src.wrapping_offset(row as isize * row_stride as isize + (chunk * 8) as isize));
+            }
+        }
+        return;
+    }
     // Each pass of the block covers `rows_per_pass` whole rows; a thread
     // keeps its chunk column and walks down the rows.
     let rows_per_pass = threads / chunks_per_row;
@@ -33,9 +53,7 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     let pass_stride = rows_per_pass as isize * row_stride as isize;
     let mut row = first_row;
     for _ in 0..rows / rows_per_pass {
-        let in_bounds = row < valid_rows;
-        let from = if in_bounds { row_ptr } else { src };
-        arch::cp_async_16(tile.chunk_addr(row, chunk), from as *const u8, if in_bounds { 16 } else { 0 });
+        copy(row, chunk, row_ptr);
         row_ptr = row_ptr.wrapping_offset(pass_stride);
         row += rows_per_pass;
     }
@@ -60,15 +78,28 @@ pub unsafe fn store_rows_from_smem<const M_TILES: usize, const HEAD_DIM: usize>(
     const {
         assert!((16 * M_TILES * HEAD_DIM / 8) % 32 == 0);
     }
-    let rows_per_pass = 32 / chunks_per_row;
-    let chunk = lane % chunks_per_row;
-    let mut row = lane / chunks_per_row;
-    for _ in 0..(16 * M_TILES * HEAD_DIM / 8) / 32 {
+    let store = |row: u32, chunk: u32| {
         if row < valid_rows {
             let value = arch::ld_shared_v4(tile.chunk_addr(first_row + row, chunk));
             let to = dst.offset(row as isize * row_stride as isize + (chunk * 8) as isize);
             arch::st_global_v4(to as *mut u8, value);
         }
+    };
+    let passes = (16 * M_TILES * HEAD_DIM / 8) / 32;
+    if !32u32.is_multiple_of(chunks_per_row) {
+        // Rows of 12, 20, 24 or 28 chunks: pass p stores the warp's chunks
+        // 32p .. 32p + 31 in row-major order.
+        for pass in 0..passes as u32 {
+            let i = pass * 32 + lane;
+            store(i / chunks_per_row, i % chunks_per_row);
+        }
+        return;
+    }
+    let rows_per_pass = 32 / chunks_per_row;
+    let chunk = lane % chunks_per_row;
+    let mut row = lane / chunks_per_row;
+    for _ in 0..passes {
+        store(row, chunk);
         row += rows_per_pass;
     }
 }

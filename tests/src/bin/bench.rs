@@ -7,8 +7,10 @@
 //! register-only m16n8k16 MMAs on every SM) and reports each shape's fraction
 //! of it.
 //!
-//! `bench [--out FILE] [--quick] [--head-dim D]`: prints a table and writes one JSON object
-//! per shape to FILE (for scripts/bench_torch.py, which adds torch's figures).
+//! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]`: prints a
+//! table and writes one JSON object per shape to FILE (for
+//! scripts/bench_torch.py, which adds torch's figures). Head dims other than
+//! 64 and 128 use 2048 / d heads rounded down (hidden close to 2048).
 
 use std::io::Write;
 
@@ -113,14 +115,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
     let quick = args.iter().any(|a| a == "--quick");
-    let only_head_dim: Option<usize> =
-        args.iter().position(|a| a == "--head-dim").and_then(|i| args.get(i + 1)).and_then(|d| d.parse().ok());
+    let list = |flag: &str| -> Option<Vec<usize>> {
+        let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
+        Some(value.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v}"))).collect())
+    };
+    let head_dims = list("--head-dims").unwrap_or(vec![64, 128]);
+    let seqlen_list = list("--seqlens");
     let _context =
         flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
     let ceiling = mma_ceiling_tflops()?;
     println!("mma.sync m16n8k16 f16 ceiling (registers only, this GPU): {ceiling:.1} TFLOP/s");
-    let seqlens: &[usize] = if quick { &[1024, 4096] } else { &[512, 1024, 2048, 4096, 8192, 16384] };
+    let seqlens: Vec<usize> =
+        seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
     let reps = if quick { 10 } else { 30 };
     let mut out = match &out_path {
         Some(p) => Some(std::fs::File::create(p)?),
@@ -128,9 +135,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("{:<6} {:>4} {:>7} {:>6} {:>10} {:>10}", "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling");
     for dtype in ["f16", "bf16"] {
-        for head_dim in [64, 128].into_iter().filter(|d| only_head_dim.is_none_or(|only| only == *d)) {
+        for &head_dim in &head_dims {
             for causal in [false, true] {
-                for &seqlen in seqlens {
+                for &seqlen in &seqlens {
                     let shape = Shape { seqlen, head_dim, causal, dtype };
                     let tflops = match dtype {
                         "f16" => time_shape::<f16>(&attention, &shape, reps)?,
