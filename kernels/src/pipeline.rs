@@ -30,8 +30,9 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
         let from = if in_bounds { from } else { src };
         arch::cp_async_16(tile.chunk_addr(row, chunk), from as *const u8, if in_bounds { 16 } else { 0 });
     };
-    if !threads.is_multiple_of(chunks_per_row) {
-        // Rows of 12, 20, 24 or 28 chunks: pass p copies the block's chunks
+    if !threads.is_multiple_of(chunks_per_row) || !rows.is_multiple_of(threads / chunks_per_row) {
+        // Rows of 12, 20, 24 or 28 chunks, or a tile that is not a whole
+        // number of passes: pass p copies the block's chunks
         // p * threads .. (p + 1) * threads in row-major order; the last pass
         // may be partial.
         let chunks = rows * chunks_per_row;
