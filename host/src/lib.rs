@@ -45,7 +45,10 @@ mod config;
 mod error;
 #[path = "../../kernels/src/params.rs"]
 mod params;
+#[path = "../../kernels/src/reference.rs"]
 pub mod reference;
+#[cfg(test)]
+mod reference_tests;
 mod runtime;
 mod validate;
 

@@ -5,6 +5,7 @@
 use crate::emu::{self, GlobalRegion, LaunchConfig};
 use crate::entry::{DType, HostKernel};
 use crate::params::{ForwardParams, ForwardSizes, TensorArg};
+use crate::reference::{self, ReferenceProblem};
 
 /// 16 bytes, the alignment `cp.async` needs of every tensor.
 #[derive(Clone, Copy, Debug)]
@@ -219,34 +220,14 @@ pub struct Reference {
 }
 
 impl Reference {
+    /// The reference ([`crate::reference::attention`]) of the inputs as the
+    /// kernel sees them: `q`, `k`, `v` rounded to `dtype`.
     pub fn new(q: &Tensor, k: &Tensor, v: &Tensor, dtype: DType, causal: bool, scale: f64) -> Self {
-        let ([nb, sq, hq, d], [_, sk, hkv, _]) = (q.shape, k.shape);
-        let (q, k, v) = (q.to_f64(dtype), k.to_f64(dtype), v.to_f64(dtype));
-        let mut o = vec![0.0; nb * sq * hq * d];
-        let mut lse = vec![f64::NEG_INFINITY; nb * hq * sq];
-        for (b, h, i) in (0..nb).flat_map(|b| (0..hq).flat_map(move |h| (0..sq).map(move |i| (b, h, i)))) {
-            let kv = h / (hq / hkv);
-            let qi = &q[((b * sq + i) * hq + h) * d..][..d];
-            let row = |t: &[f64], j: usize| -> Vec<f64> { t[((b * sk + j) * hkv + kv) * d..][..d].to_vec() };
-            let keys: Vec<usize> =
-                (0..sk).filter(|&j| !causal || j as i64 <= i as i64 + sk as i64 - sq as i64).collect();
-            if keys.is_empty() {
-                continue;
-            }
-            let scores: Vec<f64> =
-                keys.iter().map(|&j| scale * qi.iter().zip(row(&k, j)).map(|(x, y)| x * y).sum::<f64>()).collect();
-            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-            let oi = &mut o[((b * sq + i) * hq + h) * d..][..d];
-            for (&j, s) in keys.iter().zip(&scores) {
-                let weight = (s - max).exp() / sum;
-                for (out, x) in oi.iter_mut().zip(row(&v, j)) {
-                    *out += weight * x;
-                }
-            }
-            lse[(b * hq + h) * sq + i] = max + sum.ln();
-        }
-        Self { o, lse }
+        let ([batch, seqlen_q, heads_q, head_dim], [_, seqlen_k, heads_kv, _]) = (q.shape, k.shape);
+        let problem =
+            ReferenceProblem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, softmax_scale: scale };
+        let out = reference::attention(&problem, &q.to_f64(dtype), &k.to_f64(dtype), &v.to_f64(dtype));
+        Self { o: out.o, lse: out.lse }
     }
 
     /// How far `out` is from the reference: the relative L2 error of O and

@@ -34,6 +34,8 @@ pub mod mma;
 pub mod params;
 pub mod pipeline;
 pub mod probe;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod reference;
 pub mod softmax;
 
 #[cfg(not(target_arch = "nvptx64"))]

@@ -1,0 +1,94 @@
+//! Tests of the f64 reference (`kernels/src/reference.rs`).
+
+use crate::reference::*;
+use approx::assert_relative_eq;
+
+fn problem(seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, causal: bool) -> ReferenceProblem {
+    ReferenceProblem { batch: 1, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim: 4, causal, softmax_scale: 0.5 }
+}
+
+/// v[j][h][c] = 100 * h + 10 * j + c: distinct per key, head and column.
+fn labelled_v(p: &ReferenceProblem) -> Vec<f64> {
+    let mut v = Vec::new();
+    for j in 0..p.seqlen_k {
+        for h in 0..p.heads_kv {
+            v.extend((0..p.head_dim).map(|c| (100 * h + 10 * j + c) as f64));
+        }
+    }
+    v
+}
+
+#[test]
+fn zero_queries_average_the_visible_values() {
+    // With q = 0 every visible score is 0: O is the mean of the visible
+    // rows of v and LSE = ln(number visible).
+    let p = problem(3, 5, 1, 1, true);
+    let q = vec![0.0; 3 * 4];
+    let k: Vec<f64> = (0..5 * 4).map(|i| (i as f64).sin()).collect();
+    let out = attention(&p, &q, &k, &labelled_v(&p));
+    for i in 0..3 {
+        // Bottom-right causal: row i sees keys 0..=i + 2.
+        let visible = i + 3;
+        let mean_key = (visible - 1) as f64 / 2.0;
+        for c in 0..4 {
+            assert_relative_eq!(out.o[i * 4 + c], 10.0 * mean_key + c as f64, max_relative = 1e-12);
+        }
+        assert_relative_eq!(out.lse[i], (visible as f64).ln(), max_relative = 1e-12);
+    }
+}
+
+#[test]
+fn rows_that_see_no_key_give_zero_and_minus_infinity() {
+    // seqlen_q 5 > seqlen_k 2, causal bottom-right: rows 0..=2 see nothing.
+    let p = problem(5, 2, 1, 1, true);
+    let q: Vec<f64> = (0..5 * 4).map(|i| i as f64 * 0.1).collect();
+    let k: Vec<f64> = (0..2 * 4).map(|i| i as f64 * 0.2).collect();
+    let out = attention(&p, &q, &k, &labelled_v(&p));
+    for i in 0..5 {
+        assert!(visible(&p, i, 0) == (i >= 3));
+        if i < 3 {
+            assert!(out.o[i * 4..][..4].iter().all(|&x| x == 0.0));
+            assert_eq!(out.lse[i], f64::NEG_INFINITY);
+        } else {
+            assert!(out.lse[i].is_finite());
+        }
+    }
+}
+
+#[test]
+fn matches_a_direct_softmax_of_one_row() {
+    let p = ReferenceProblem { causal: false, ..problem(1, 3, 1, 1, false) };
+    let q = [1.0, -2.0, 0.5, 3.0];
+    let k = [0.5, 0.1, -1.0, 0.2, 1.0, 1.0, 1.0, 1.0, -0.3, 0.7, 0.0, -1.5];
+    let v = labelled_v(&p);
+    let s: Vec<f64> = (0..3).map(|j| 0.5 * (0..4).map(|c| q[c] * k[j * 4 + c]).sum::<f64>()).collect();
+    let denominator: f64 = s.iter().map(|x| x.exp()).sum();
+    let out = attention(&p, &q, &k, &v);
+    for c in 0..4 {
+        let expected: f64 = (0..3).map(|j| s[j].exp() / denominator * v[j * 4 + c]).sum();
+        assert_relative_eq!(out.o[c], expected, max_relative = 1e-12);
+    }
+    assert_relative_eq!(out.lse[0], denominator.ln(), max_relative = 1e-12);
+}
+
+#[test]
+fn grouped_query_heads_share_their_key_value_head() {
+    // 6 query heads over 2 kv heads: heads 0-2 use kv head 0, 3-5 kv head 1.
+    let p = problem(2, 3, 6, 2, false);
+    let q = vec![0.0; 2 * 6 * 4];
+    let k = vec![0.25; 3 * 2 * 4];
+    let out = attention(&p, &q, &k, &labelled_v(&p));
+    for i in 0..2 {
+        for h in 0..6 {
+            let kv_head = h / 3;
+            // Uniform over keys 0..3: mean key 1.
+            assert_relative_eq!(out.o[(i * 6 + h) * 4], (100 * kv_head + 10) as f64, max_relative = 1e-12);
+        }
+    }
+}
+
+#[test]
+fn relative_error_is_zero_for_equal_and_scales_with_difference() {
+    assert_eq!(relative_l2_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+    assert_relative_eq!(relative_l2_error(&[3.0, 0.0], &[4.0, 0.0]), 0.25);
+}
