@@ -189,8 +189,7 @@ impl FlashAttention {
             params,
         )?;
         let config = tile_config(problem.head_dim)?;
-        let name =
-            format!("flash_fwd_d{}_{}_{}", problem.head_dim, T::NAME, if params.causal { "causal" } else { "full" });
+        let name = kernel_name(problem.head_dim, T::NAME, params.causal);
         let function = self.module.get_function(&name)?;
         let grid =
             (problem.seqlen_q.div_ceil(config.block_m as usize) as u32, problem.heads_q as u32, problem.batch as u32);
