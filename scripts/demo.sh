@@ -6,9 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
-if [ -d .tools/cuda/lib64 ]; then
-  export LD_LIBRARY_PATH="$PWD/.tools/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
 status=0
 cargo run --quiet --release -p flash-attn --example demo || status=$?
 if [ "$status" = 2 ]; then

@@ -7,7 +7,8 @@
 #   - libcuda.so (Debian non-free package libcuda1) in .tools/cuda/lib64, only to
 #     link `cust` on a machine without an NVIDIA driver. At run time the
 #     driver's own libcuda.so.1 is used.
-# Source it (`. scripts/setup.sh`) to get PTXAS and CUDA_LIBRARY_PATH exported.
+# Source it (`. scripts/setup.sh`) to get PTXAS (and, without a driver,
+# LD_LIBRARY_PATH for the link-time libcuda) exported.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
@@ -54,5 +55,10 @@ elif [ ! -e "$libdir/libcuda.so" ]; then
   so="$(find "$apt_dir/root" -name 'libcuda.so.1' | head -n1)"
   cp -L "$so" "$libdir/libcuda.so.1"
   ln -sf libcuda.so.1 "$libdir/libcuda.so"
+fi
+# Executables linked against libcuda load libcuda.so.1 at start; without a
+# driver, the link-time copy serves (cuInit then reports no device).
+if [ -e "$libdir/libcuda.so.1" ]; then
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 echo "setup: toolchain $toolchain, PTXAS=$PTXAS, libcuda for linking: $(ls "$libdir"/libcuda.so /usr/local/cuda/lib64/stubs/libcuda.so 2>/dev/null | head -n1)" >&2

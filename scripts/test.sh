@@ -7,11 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
-# Test executables load libcuda.so.1 at start; without a driver, the
-# link-time copy from setup.sh serves (cuInit then reports no device).
-if [ -d .tools/cuda/lib64 ]; then
-  export LD_LIBRARY_PATH="$PWD/.tools/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
 echo "== cargo fmt --check"
 cargo fmt --all --check
 (cd kernels && cargo fmt --check)
