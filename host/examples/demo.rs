@@ -77,16 +77,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let o: Vec<f64> = out.o.as_host_vec()?.iter().map(|x| x.to_f64()).collect();
     let widen = |x: &[f16]| x.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
-    let problem = ReferenceProblem {
-        batch,
-        seqlen_q: seqlen,
-        seqlen_k: seqlen,
-        heads_q: heads,
-        heads_kv: heads,
-        head_dim,
-        causal: true,
-        softmax_scale: 1.0 / (head_dim as f64).sqrt(),
-    };
+    let problem =
+        ReferenceProblem::dense(batch, seqlen, seqlen, heads, heads, head_dim, true, 1.0 / (head_dim as f64).sqrt());
     let expected = reference::attention(&problem, &widen(&q), &widen(&k), &widen(&v));
     let error = reference::relative_l2_error(&o, &expected.o);
     println!("demo: causal attention, f16, batch {batch}, seqlen {seqlen}, heads {heads}, head_dim {head_dim}");

@@ -4,7 +4,7 @@ use crate::reference::*;
 use approx::assert_relative_eq;
 
 fn problem(seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, causal: bool) -> ReferenceProblem {
-    ReferenceProblem { batch: 1, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim: 4, causal, softmax_scale: 0.5 }
+    ReferenceProblem::dense(1, seqlen_q, seqlen_k, heads_q, heads_kv, 4, causal, 0.5)
 }
 
 /// v[j][h][c] = 100 * h + 10 * j + c: distinct per key, head and column.
@@ -84,6 +84,52 @@ fn grouped_query_heads_share_their_key_value_head() {
             // Uniform over keys 0..3: mean key 1.
             assert_relative_eq!(out.o[(i * 6 + h) * 4], (100 * kv_head + 10) as f64, max_relative = 1e-12);
         }
+    }
+}
+
+#[test]
+fn a_window_limits_each_row_to_its_band() {
+    // seqlen_q 4, seqlen_k 6 (diagonal offset 2), window (1, 0): row i sees
+    // keys i + 1 ..= i + 2.
+    let mut p = problem(4, 6, 1, 1, false);
+    p.window = (Some(1), Some(0));
+    for i in 0..4 {
+        let seen: Vec<usize> = (0..6).filter(|&j| visible(&p, i, j)).collect();
+        assert_eq!(seen, vec![i + 1, i + 2], "row {i}");
+    }
+    // A right bound only; causal wins over a wider right bound.
+    p.window = (None, Some(1));
+    assert_eq!((0..6).filter(|&j| visible(&p, 0, j)).count(), 4);
+    p.causal = true;
+    assert_eq!((0..6).filter(|&j| visible(&p, 0, j)).count(), 3);
+    // With q = 0, O is the mean of the band's values.
+    p.causal = false;
+    p.window = (Some(1), Some(0));
+    let out = attention(&p, &vec![0.0; 16], &vec![0.3; 24], &labelled_v(&p));
+    assert_relative_eq!(out.o[0], 10.0 * 1.5, max_relative = 1e-12);
+    assert_relative_eq!(out.lse[3], 2f64.ln(), max_relative = 1e-12);
+}
+
+#[test]
+fn softcap_and_alibi_change_the_scores_as_defined() {
+    let mut p = problem(1, 3, 2, 1, false);
+    p.softcap = Some(0.7);
+    let q = [1.0, -2.0, 0.5, 3.0, 0.3, 0.2, -0.1, 1.0];
+    let k = [0.5, 0.1, -1.0, 0.2, 1.0, 1.0, 1.0, 1.0, -0.3, 0.7, 0.0, -1.5];
+    let slopes = [0.25, 0.5];
+    let out = attention_with_alibi(&p, Some(&slopes), &q, &k, &labelled_v(&p));
+    for h in 0..2 {
+        // Row 0 sits at key position 2 (bottom-right): distance |2 - j|.
+        let s: Vec<f64> = (0..3)
+            .map(|j| {
+                let raw = 0.5 * (0..4).map(|c| q[h * 4 + c] * k[j * 4 + c]).sum::<f64>();
+                0.7 * (raw / 0.7).tanh() - slopes[h] * (2.0 - j as f64)
+            })
+            .collect();
+        let denominator: f64 = s.iter().map(|x| x.exp()).sum();
+        let expected: f64 = (0..3).map(|j| s[j].exp() / denominator * (10 * j) as f64).sum();
+        assert_relative_eq!(out.o[h * 4], expected, max_relative = 1e-12);
+        assert_relative_eq!(out.lse[h], denominator.ln(), max_relative = 1e-12);
     }
 }
 

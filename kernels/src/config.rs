@@ -82,3 +82,18 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
         _ => None,
     }
 }
+
+/// The tile config of the decode kernels (`flash_fwd_d*_decode`) for
+/// `head_dim`: one warp of 16 query rows per block, for a few queries
+/// against many keys. Small blocks keep the tensor-core work per key low, so
+/// that reading K and V bounds the time; split-KV supplies the parallelism.
+pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
+    match tile_config(head_dim) {
+        Some(prefill) => Some(TileConfig::new(head_dim, 1, 1, prefill.block_n, head_dim <= 128)),
+        None => None,
+    }
+}
+
+/// The key block every page of a paged KV cache must be a multiple of: a
+/// multiple of every kernel's `block_n`.
+pub const PAGE_MULTIPLE: u32 = 64;

@@ -224,8 +224,7 @@ impl Reference {
     /// kernel sees them: `q`, `k`, `v` rounded to `dtype`.
     pub fn new(q: &Tensor, k: &Tensor, v: &Tensor, dtype: DType, causal: bool, scale: f64) -> Self {
         let ([batch, seqlen_q, heads_q, head_dim], [_, seqlen_k, heads_kv, _]) = (q.shape, k.shape);
-        let problem =
-            ReferenceProblem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, softmax_scale: scale };
+        let problem = ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, scale);
         let out = reference::attention(&problem, &q.to_f64(dtype), &k.to_f64(dtype), &v.to_f64(dtype));
         Self { o: out.o, lse: out.lse }
     }

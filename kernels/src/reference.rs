@@ -3,7 +3,9 @@
 //! `flash_attn::reference`) and of the emulated kernels.
 //!
 //! Written for clarity, not speed: for each (batch, query head, row) it
-//! forms every scaled score, masks, and takes a max-subtracted softmax.
+//! forms every scaled score, applies the softcap and ALiBi bias, masks, and
+//! takes a max-subtracted softmax. Variable-length batches and paged caches
+//! are checked by gathering each sequence into a dense problem of batch 1.
 
 /// Sizes and options of a reference attention computation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -16,6 +18,41 @@ pub struct ReferenceProblem {
     pub head_dim: usize,
     pub causal: bool,
     pub softmax_scale: f64,
+    /// Local attention (FlashAttention-2's `window_size`): key `j` is visible
+    /// from row `i` when `i + d - left <= j <= i + d + right` with
+    /// `d = seqlen_k - seqlen_q`; `None` leaves a side unbounded. Causal
+    /// masking also applies when set.
+    pub window: (Option<usize>, Option<usize>),
+    /// Softcap `c`: scores become `c * tanh(s / c)` (after scaling).
+    pub softcap: Option<f64>,
+}
+
+impl ReferenceProblem {
+    /// A dense problem without window, softcap or ALiBi.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dense(
+        batch: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        head_dim: usize,
+        causal: bool,
+        softmax_scale: f64,
+    ) -> Self {
+        Self {
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+            causal,
+            softmax_scale,
+            window: (None, None),
+            softcap: None,
+        }
+    }
 }
 
 /// Output of [`attention`].
@@ -26,26 +63,51 @@ pub struct ReferenceOutput {
     pub lse: Vec<f64>,
 }
 
-/// Whether query `row` sees key `key` (causal: bottom-right aligned).
+/// Whether query `row` sees key `key` (causal and window: bottom-right aligned).
 pub fn visible(p: &ReferenceProblem, row: usize, key: usize) -> bool {
-    !p.causal || (key as i64) <= row as i64 + p.seqlen_k as i64 - p.seqlen_q as i64
+    let aligned = row as i64 + p.seqlen_k as i64 - p.seqlen_q as i64;
+    let key = key as i64;
+    let right_ok = match (p.causal, p.window.1) {
+        (true, _) => key <= aligned,
+        (false, Some(right)) => key <= aligned + right as i64,
+        (false, None) => true,
+    };
+    right_ok && p.window.0.is_none_or(|left| key >= aligned - left as i64)
 }
 
 /// Attention of contiguous `q [b, sq, hq, d]` over `k`, `v [b, sk, hkv, d]`.
 /// Query head `h` uses key/value head `h / (heads_q / heads_kv)`.
 pub fn attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64]) -> ReferenceOutput {
+    attention_with_alibi(p, None, q, k, v)
+}
+
+/// [`attention`] with ALiBi: `slopes` holds one slope per (batch, query
+/// head), `[batch, heads_q]`; row `i` adds `-slope * |i + sk - sq - j|` to
+/// its (scaled, softcapped) score for key `j`.
+pub fn attention_with_alibi(
+    p: &ReferenceProblem,
+    slopes: Option<&[f64]>,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> ReferenceOutput {
     let d = p.head_dim;
     assert_eq!(q.len(), p.batch * p.seqlen_q * p.heads_q * d, "q length");
     assert_eq!(k.len(), p.batch * p.seqlen_k * p.heads_kv * d, "k length");
     assert_eq!(v.len(), k.len(), "v length");
     assert!(p.heads_kv > 0 && p.heads_q.is_multiple_of(p.heads_kv), "heads_q must be a multiple of heads_kv");
+    if let Some(slopes) = slopes {
+        assert_eq!(slopes.len(), p.batch * p.heads_q, "one ALiBi slope per (batch, head)");
+    }
     let heads = p.batch * p.heads_q;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(heads);
     // Each thread takes every `threads`-th (batch, head) and returns its rows.
     let parts: Vec<Vec<HeadOutput>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
-                scope.spawn(move || (t..heads).step_by(threads).map(|bh| head_attention(p, q, k, v, bh)).collect())
+                scope.spawn(move || {
+                    (t..heads).step_by(threads).map(|bh| head_attention(p, slopes, q, k, v, bh)).collect()
+                })
             })
             .collect();
         workers.into_iter().map(|w| w.join().expect("reference worker panicked")).collect()
@@ -71,8 +133,16 @@ struct HeadOutput {
     lse: Vec<f64>,
 }
 
-fn head_attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64], bh: usize) -> HeadOutput {
+fn head_attention(
+    p: &ReferenceProblem,
+    slopes: Option<&[f64]>,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    bh: usize,
+) -> HeadOutput {
     let d = p.head_dim;
+    let slope = slopes.map_or(0.0, |s| s[bh]);
     let (b, h) = (bh / p.heads_q, bh % p.heads_q);
     let hk = h / (p.heads_q / p.heads_kv);
     let mut o = vec![0.0; p.seqlen_q * d];
@@ -84,7 +154,10 @@ fn head_attention(p: &ReferenceProblem, q: &[f64], k: &[f64], v: &[f64], bh: usi
         for (j, s) in scores.iter_mut().enumerate() {
             *s = if visible(p, i, j) {
                 let kj = &k[((b * p.seqlen_k + j) * p.heads_kv + hk) * d..][..d];
-                p.softmax_scale * qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>()
+                let scaled = p.softmax_scale * qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>();
+                let capped = p.softcap.map_or(scaled, |c| c * (scaled / c).tanh());
+                let distance = (i as f64 + p.seqlen_k as f64 - p.seqlen_q as f64 - j as f64).abs();
+                capped - slope * distance
             } else {
                 f64::NEG_INFINITY
             };

@@ -217,16 +217,16 @@ pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &
 /// Checks a GPU result against the f64 reference; panics, naming the case,
 /// on any failure.
 pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[f32]) -> CaseResult {
-    let problem = ReferenceProblem {
-        batch: case.batch,
-        seqlen_q: case.seqlen_q,
-        seqlen_k: case.seqlen_k,
-        heads_q: case.heads_q,
-        heads_kv: case.heads_kv,
-        head_dim: case.head_dim,
-        causal: case.causal,
-        softmax_scale: case.softmax_scale.map_or(1.0 / (case.head_dim as f64).sqrt(), f64::from),
-    };
+    let problem = ReferenceProblem::dense(
+        case.batch,
+        case.seqlen_q,
+        case.seqlen_k,
+        case.heads_q,
+        case.heads_kv,
+        case.head_dim,
+        case.causal,
+        case.softmax_scale.map_or(1.0 / (case.head_dim as f64).sqrt(), f64::from),
+    );
     let expected = reference::attention(&problem, &inputs.q.dense, &inputs.k.dense, &inputs.v.dense);
     if let Some(bad) = o.iter().position(|x| !x.is_finite()) {
         panic!("{case:?}: O[{bad}] = {} is not finite (unwritten or NaN)", o[bad]);
