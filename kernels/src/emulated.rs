@@ -2,9 +2,11 @@
 //! ([`crate::emu`]), and an f64 reference to check them against: what the
 //! tests and the `emulate` example run without a GPU.
 
+use crate::append::APPEND_THREADS;
+use crate::combine::COMBINE_WARPS;
 use crate::emu::{self, GlobalRegion, LaunchConfig};
-use crate::entry::{DType, HostKernel};
-use crate::params::{ForwardParams, ForwardSizes, TensorArg};
+use crate::entry::{self, DType, HostKernel};
+use crate::params::{AppendParams, CombineParams, ForwardParams, ForwardSizes, TensorArg};
 use crate::reference::{self, ReferenceProblem};
 
 /// 16 bytes, the alignment `cp.async` needs of every tensor.
@@ -307,4 +309,179 @@ impl Errors {
             self.lse_max_abs
         )
     }
+}
+
+/// The features of one general-kernel call (`*_general`, `*_decode`), as
+/// [`forward_general`] passes them to the kernel. `Default` is none of them.
+#[derive(Clone, Debug, Default)]
+pub struct Features {
+    pub causal: bool,
+    /// `(left, right)`; `None` is unbounded.
+    pub window: (Option<usize>, Option<usize>),
+    pub softcap: Option<f32>,
+    /// One slope per (batch, query head), `[batch, heads_q]`.
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// Packed sequences: `q` and `o` are `[1, total_q, heads, d]`, the LSE
+    /// `[heads, total_q]`.
+    pub cu_seqlens_q: Option<Vec<i32>>,
+    pub cu_seqlens_k: Option<Vec<i32>>,
+    /// Keys per batch (a cache's lengths).
+    pub seqused_k: Option<Vec<i32>>,
+    /// Paged K/V: the block table `[batch, pages_per_sequence]` and the page
+    /// size; `k` and `v` are then `[pages, page_size, heads_kv, d]`.
+    pub pages: Option<(Vec<i32>, usize, usize)>,
+    /// Split-KV parts (0 or 1: no split); the emulator then runs the combine
+    /// kernel too.
+    pub num_splits: u32,
+}
+
+/// Runs the general `kernel` over `batch` batches of up to `seqlen_q`
+/// queries with `features`, and, when split, the combine kernel, into a
+/// fresh contiguous `o` of `q`'s shape poisoned with NaN. The LSE is
+/// `[batch, heads_q, seqlen_q]`, or `[heads_q, total_q]` for packed queries.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_general(
+    kernel: &HostKernel,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    batch: usize,
+    seqlen_q: usize,
+    scale: f32,
+    features: &Features,
+) -> Result<Output, emu::Error> {
+    assert!(kernel.general, "{} is not a general kernel", kernel.name);
+    let [_, q_rows, heads_q, head_dim] = q.shape;
+    let mut o = Tensor::filled(q.shape, Tensor::contiguous_strides(q.shape), POISON);
+    let lse_len = if features.cu_seqlens_q.is_some() { heads_q * q_rows } else { batch * heads_q * seqlen_q };
+    let mut lse = vec![f32::NAN; lse_len];
+    let arg = |t: &Tensor| TensorArg { ptr: t.data().as_ptr(), strides: [0, 1, 2].map(|i| t.strides[i] as i64) };
+    let sizes = ForwardSizes {
+        seqlen_q: seqlen_q as u32,
+        seqlen_k: k.shape[1] as u32,
+        heads_q: heads_q as u32,
+        heads_per_kv: (heads_q / k.shape[2]) as u32,
+    };
+    let o_arg = TensorArg { ptr: o.data_mut().as_mut_ptr(), strides: arg(&o).strides };
+    let mut params = ForwardParams::new(arg(q), arg(k), arg(v), o_arg, lse.as_mut_ptr(), sizes, scale);
+    if features.cu_seqlens_q.is_some() {
+        (params.lse_batch_stride, params.lse_head_stride) = (0, q_rows as i64);
+    }
+    let bound = |w: Option<usize>| w.map_or(-1, |w| w as i32);
+    params.window_left = bound(features.window.0);
+    params.window_right = if features.causal { 0 } else { bound(features.window.1) };
+    if let Some(c) = features.softcap {
+        params.set_softcap(c, scale);
+    }
+    let mut regions = vec![GlobalRegion::read_only("q", q.data()), GlobalRegion::read_only("k", k.data())];
+    regions.push(GlobalRegion::read_only("v", v.data()));
+    let arrays = [
+        ("cu_seqlens_q", &features.cu_seqlens_q, &mut params.cu_seqlens_q),
+        ("cu_seqlens_k", &features.cu_seqlens_k, &mut params.cu_seqlens_k),
+        ("seqused_k", &features.seqused_k, &mut params.seqused_k),
+    ];
+    for (name, values, field) in arrays {
+        if let Some(values) = values {
+            *field = values.as_ptr();
+            regions.push(GlobalRegion::read_only(name, values));
+        }
+    }
+    if let Some((table, pages_per_sequence, page_size)) = &features.pages {
+        params.block_table = table.as_ptr();
+        params.block_table_batch_stride = *pages_per_sequence as i64;
+        params.page_size = *page_size as u32;
+        regions.push(GlobalRegion::read_only("block_table", table));
+    }
+    if let Some(slopes) = &features.alibi_slopes {
+        params.alibi_slopes = slopes.as_ptr();
+        params.alibi_batch_stride = heads_q as i64;
+        regions.push(GlobalRegion::read_only("alibi_slopes", slopes));
+    }
+    let num_splits = features.num_splits.max(1);
+    let partial_rows = num_splits as usize * batch * heads_q * seqlen_q;
+    let mut o_partial = vec![f32::NAN; if num_splits > 1 { partial_rows * head_dim } else { 0 }];
+    let mut lse_partial = vec![f32::NAN; if num_splits > 1 { partial_rows } else { 0 }];
+    params.num_splits = num_splits;
+    if num_splits > 1 {
+        params.o_partial = o_partial.as_mut_ptr();
+        params.lse_partial = lse_partial.as_mut_ptr();
+        regions.push(GlobalRegion::writable("o_partial", &mut o_partial));
+        regions.push(GlobalRegion::writable("lse_partial", &mut lse_partial));
+    } else {
+        regions.push(GlobalRegion::writable("o", o.data_mut()));
+        regions.push(GlobalRegion::writable("lse", &mut lse));
+    }
+    let c = kernel.config;
+    let grid = [num_splits * seqlen_q.div_ceil(c.block_m as usize) as u32, heads_q as u32, batch as u32];
+    let config = LaunchConfig::new(grid, c.threads(), c.smem_bytes());
+    // SAFETY: the regions are the buffers behind `params`, alive until the
+    // launch returns; the kernel is written for concurrent threads.
+    unsafe { emu::launch(&config, &regions, || (kernel.run)(&params)) }?;
+    if num_splits > 1 {
+        let combine = CombineParams::of(&params, batch as u32, head_dim as u32);
+        let mut regions = vec![
+            GlobalRegion::read_only("o_partial", &o_partial),
+            GlobalRegion::read_only("lse_partial", &lse_partial),
+            GlobalRegion::writable("o", o.data_mut()),
+            GlobalRegion::writable("lse", &mut lse),
+        ];
+        if let Some(cu) = &features.cu_seqlens_q {
+            regions.push(GlobalRegion::read_only("cu_seqlens_q", cu));
+        }
+        let rows = (batch * heads_q * seqlen_q) as u32;
+        let config = LaunchConfig::new([rows.div_ceil(COMBINE_WARPS), 1, 1], 32 * COMBINE_WARPS, 0);
+        let run = match kernel.dtype {
+            DType::F16 => entry::flash_combine_f16,
+            DType::Bf16 => entry::flash_combine_bf16,
+        };
+        // SAFETY: as above, for the combine's buffers.
+        unsafe { emu::launch(&config, &regions, || run(&combine)) }?;
+    }
+    Ok(Output { o, lse })
+}
+
+/// Appends `k_new`, `v_new` (`[batch, seqlen_new, heads_kv, d]`) into the
+/// caches `k_cache`, `v_cache` after `cache_seqlens[b]` keys, through the
+/// block table when `pages` is given, with the `kv_cache_append` kernel.
+pub fn append_kv(
+    k_new: &Tensor,
+    v_new: &Tensor,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    cache_seqlens: &[i32],
+    pages: Option<&(Vec<i32>, usize, usize)>,
+) -> Result<(), emu::Error> {
+    let [batch, seqlen_new, heads_kv, head_dim] = k_new.shape;
+    let strides = |t: &Tensor| [0, 1, 2].map(|i| t.strides[i] as i64);
+    let mut params = AppendParams {
+        k_new: k_new.data().as_ptr(),
+        v_new: v_new.data().as_ptr(),
+        k_new_strides: strides(k_new),
+        v_new_strides: strides(v_new),
+        k_cache: k_cache.data_mut().as_mut_ptr(),
+        v_cache: v_cache.data_mut().as_mut_ptr(),
+        k_cache_strides: strides(k_cache),
+        v_cache_strides: strides(v_cache),
+        cache_seqlens: cache_seqlens.as_ptr(),
+        block_table: std::ptr::null(),
+        block_table_batch_stride: 0,
+        page_size: 0,
+        head_dim: head_dim as u32,
+    };
+    let mut regions = vec![
+        GlobalRegion::read_only("k_new", k_new.data()),
+        GlobalRegion::read_only("v_new", v_new.data()),
+        GlobalRegion::writable("k_cache", k_cache.data_mut()),
+        GlobalRegion::writable("v_cache", v_cache.data_mut()),
+        GlobalRegion::read_only("cache_seqlens", cache_seqlens),
+    ];
+    if let Some((table, pages_per_sequence, page_size)) = pages {
+        params.block_table = table.as_ptr();
+        params.block_table_batch_stride = *pages_per_sequence as i64;
+        params.page_size = *page_size as u32;
+        regions.push(GlobalRegion::read_only("block_table", table));
+    }
+    let config = LaunchConfig::new([seqlen_new as u32, heads_kv as u32, batch as u32], APPEND_THREADS, 0);
+    // SAFETY: the regions are the buffers behind `params`.
+    unsafe { emu::launch(&config, &regions, || entry::kv_cache_append(&params)) }
 }

@@ -1,15 +1,19 @@
 //! The exported kernels: one `#[no_mangle]` entry point per (head dim,
-//! element type, causal), named `flash_fwd_d{head_dim}_{f16|bf16}_{causal|full}`.
-//! The host looks them up by these names. On the host (the emulator) each
-//! is a plain function, listed by name in [`KERNELS`].
+//! element type, variant), named `flash_fwd_d{head_dim}_{f16|bf16}_{variant}`.
+//! Variants: `full` and `causal` (dense), `general` (every feature of
+//! [`ForwardParams`] at run time) and `decode` (the same with the decode
+//! tile config); besides them `flash_combine_{f16|bf16}` and
+//! `kv_cache_append`. The host looks them up by these names. On the host
+//! (the emulator) each attention kernel is a plain function, listed by name
+//! in [`KERNELS`].
 
 use crate::config::{
-    TileConfig, HEAD_DIM_128, HEAD_DIM_160, HEAD_DIM_192, HEAD_DIM_224, HEAD_DIM_256, HEAD_DIM_32, HEAD_DIM_64,
-    HEAD_DIM_96,
+    decode_tile_config, TileConfig, HEAD_DIM_128, HEAD_DIM_160, HEAD_DIM_192, HEAD_DIM_224, HEAD_DIM_256, HEAD_DIM_32,
+    HEAD_DIM_64, HEAD_DIM_96,
 };
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
-use crate::params::ForwardParams;
+use crate::params::{AppendParams, CombineParams, ForwardParams};
 
 /// The element type of a kernel instance.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -26,24 +30,36 @@ pub struct HostKernel {
     /// The PTX entry point's name.
     pub name: &'static str,
     pub dtype: DType,
+    /// A dense causal kernel.
     pub causal: bool,
+    /// A general kernel (`general` or `decode`): reads every feature of
+    /// [`ForwardParams`], causal masking included (as a window).
+    pub general: bool,
     pub config: TileConfig,
     /// The kernel body, for each emulated thread to call.
     pub run: unsafe fn(&ForwardParams),
 }
 
+/// The decode tile config of `head_dim`, at compile time.
+const fn decode(head_dim: u32) -> TileConfig {
+    match decode_tile_config(head_dim) {
+        Some(config) => config,
+        None => panic!("no decode config"),
+    }
+}
+
 macro_rules! forward_kernels {
-    ($(($name:ident, $element:ident, $causal:literal, $config:ident)),* $(,)?) => {
+    ($(($name:ident, $element:ident, $causal:literal, $general:literal, $config:expr)),* $(,)?) => {
         $(
             #[cfg(target_arch = "nvptx64")]
             #[no_mangle]
             pub unsafe extern "ptx-kernel" fn $name(params: ForwardParams) {
-                forward_kernels!(@body $element, $causal, $config, &params)
+                forward_kernels!(@body $element, $causal, $general, $config, &params)
             }
 
             #[cfg(not(target_arch = "nvptx64"))]
             pub unsafe fn $name(params: &ForwardParams) {
-                forward_kernels!(@body $element, $causal, $config, params)
+                forward_kernels!(@body $element, $causal, $general, $config, params)
             }
         )*
 
@@ -53,15 +69,17 @@ macro_rules! forward_kernels {
             name: stringify!($name),
             dtype: DType::$element,
             causal: $causal,
+            general: $general,
             config: $config,
             run: $name,
         }),*];
     };
-    (@body $element:ident, $causal:literal, $config:ident, $params:expr) => {{
+    (@body $element:ident, $causal:literal, $general:literal, $config:expr, $params:expr) => {{
         const C: TileConfig = $config;
         flash_forward::<
             $element,
             $causal,
+            $general,
             { C.head_dim as usize },
             { C.head_dim as usize / 16 },
             { C.head_dim as usize / 8 },
@@ -76,44 +94,109 @@ macro_rules! forward_kernels {
 }
 
 forward_kernels! {
-    (flash_fwd_d32_f16_full, F16, false, HEAD_DIM_32),
-    (flash_fwd_d32_f16_causal, F16, true, HEAD_DIM_32),
-    (flash_fwd_d32_bf16_full, Bf16, false, HEAD_DIM_32),
-    (flash_fwd_d32_bf16_causal, Bf16, true, HEAD_DIM_32),
-    (flash_fwd_d64_f16_full, F16, false, HEAD_DIM_64),
-    (flash_fwd_d64_f16_causal, F16, true, HEAD_DIM_64),
-    (flash_fwd_d64_bf16_full, Bf16, false, HEAD_DIM_64),
-    (flash_fwd_d64_bf16_causal, Bf16, true, HEAD_DIM_64),
-    (flash_fwd_d96_f16_full, F16, false, HEAD_DIM_96),
-    (flash_fwd_d96_f16_causal, F16, true, HEAD_DIM_96),
-    (flash_fwd_d96_bf16_full, Bf16, false, HEAD_DIM_96),
-    (flash_fwd_d96_bf16_causal, Bf16, true, HEAD_DIM_96),
-    (flash_fwd_d128_f16_full, F16, false, HEAD_DIM_128),
-    (flash_fwd_d128_f16_causal, F16, true, HEAD_DIM_128),
-    (flash_fwd_d128_bf16_full, Bf16, false, HEAD_DIM_128),
-    (flash_fwd_d128_bf16_causal, Bf16, true, HEAD_DIM_128),
-    (flash_fwd_d160_f16_full, F16, false, HEAD_DIM_160),
-    (flash_fwd_d160_f16_causal, F16, true, HEAD_DIM_160),
-    (flash_fwd_d160_bf16_full, Bf16, false, HEAD_DIM_160),
-    (flash_fwd_d160_bf16_causal, Bf16, true, HEAD_DIM_160),
-    (flash_fwd_d192_f16_full, F16, false, HEAD_DIM_192),
-    (flash_fwd_d192_f16_causal, F16, true, HEAD_DIM_192),
-    (flash_fwd_d192_bf16_full, Bf16, false, HEAD_DIM_192),
-    (flash_fwd_d192_bf16_causal, Bf16, true, HEAD_DIM_192),
-    (flash_fwd_d224_f16_full, F16, false, HEAD_DIM_224),
-    (flash_fwd_d224_f16_causal, F16, true, HEAD_DIM_224),
-    (flash_fwd_d224_bf16_full, Bf16, false, HEAD_DIM_224),
-    (flash_fwd_d224_bf16_causal, Bf16, true, HEAD_DIM_224),
-    (flash_fwd_d256_f16_full, F16, false, HEAD_DIM_256),
-    (flash_fwd_d256_f16_causal, F16, true, HEAD_DIM_256),
-    (flash_fwd_d256_bf16_full, Bf16, false, HEAD_DIM_256),
-    (flash_fwd_d256_bf16_causal, Bf16, true, HEAD_DIM_256),
+    (flash_fwd_d32_f16_full, F16, false, false, HEAD_DIM_32),
+    (flash_fwd_d32_f16_causal, F16, true, false, HEAD_DIM_32),
+    (flash_fwd_d32_f16_general, F16, false, true, HEAD_DIM_32),
+    (flash_fwd_d32_f16_decode, F16, false, true, decode(32)),
+    (flash_fwd_d32_bf16_full, Bf16, false, false, HEAD_DIM_32),
+    (flash_fwd_d32_bf16_causal, Bf16, true, false, HEAD_DIM_32),
+    (flash_fwd_d32_bf16_general, Bf16, false, true, HEAD_DIM_32),
+    (flash_fwd_d32_bf16_decode, Bf16, false, true, decode(32)),
+    (flash_fwd_d64_f16_full, F16, false, false, HEAD_DIM_64),
+    (flash_fwd_d64_f16_causal, F16, true, false, HEAD_DIM_64),
+    (flash_fwd_d64_f16_general, F16, false, true, HEAD_DIM_64),
+    (flash_fwd_d64_f16_decode, F16, false, true, decode(64)),
+    (flash_fwd_d64_bf16_full, Bf16, false, false, HEAD_DIM_64),
+    (flash_fwd_d64_bf16_causal, Bf16, true, false, HEAD_DIM_64),
+    (flash_fwd_d64_bf16_general, Bf16, false, true, HEAD_DIM_64),
+    (flash_fwd_d64_bf16_decode, Bf16, false, true, decode(64)),
+    (flash_fwd_d96_f16_full, F16, false, false, HEAD_DIM_96),
+    (flash_fwd_d96_f16_causal, F16, true, false, HEAD_DIM_96),
+    (flash_fwd_d96_f16_general, F16, false, true, HEAD_DIM_96),
+    (flash_fwd_d96_f16_decode, F16, false, true, decode(96)),
+    (flash_fwd_d96_bf16_full, Bf16, false, false, HEAD_DIM_96),
+    (flash_fwd_d96_bf16_causal, Bf16, true, false, HEAD_DIM_96),
+    (flash_fwd_d96_bf16_general, Bf16, false, true, HEAD_DIM_96),
+    (flash_fwd_d96_bf16_decode, Bf16, false, true, decode(96)),
+    (flash_fwd_d128_f16_full, F16, false, false, HEAD_DIM_128),
+    (flash_fwd_d128_f16_causal, F16, true, false, HEAD_DIM_128),
+    (flash_fwd_d128_f16_general, F16, false, true, HEAD_DIM_128),
+    (flash_fwd_d128_f16_decode, F16, false, true, decode(128)),
+    (flash_fwd_d128_bf16_full, Bf16, false, false, HEAD_DIM_128),
+    (flash_fwd_d128_bf16_causal, Bf16, true, false, HEAD_DIM_128),
+    (flash_fwd_d128_bf16_general, Bf16, false, true, HEAD_DIM_128),
+    (flash_fwd_d128_bf16_decode, Bf16, false, true, decode(128)),
+    (flash_fwd_d160_f16_full, F16, false, false, HEAD_DIM_160),
+    (flash_fwd_d160_f16_causal, F16, true, false, HEAD_DIM_160),
+    (flash_fwd_d160_f16_general, F16, false, true, HEAD_DIM_160),
+    (flash_fwd_d160_f16_decode, F16, false, true, decode(160)),
+    (flash_fwd_d160_bf16_full, Bf16, false, false, HEAD_DIM_160),
+    (flash_fwd_d160_bf16_causal, Bf16, true, false, HEAD_DIM_160),
+    (flash_fwd_d160_bf16_general, Bf16, false, true, HEAD_DIM_160),
+    (flash_fwd_d160_bf16_decode, Bf16, false, true, decode(160)),
+    (flash_fwd_d192_f16_full, F16, false, false, HEAD_DIM_192),
+    (flash_fwd_d192_f16_causal, F16, true, false, HEAD_DIM_192),
+    (flash_fwd_d192_f16_general, F16, false, true, HEAD_DIM_192),
+    (flash_fwd_d192_f16_decode, F16, false, true, decode(192)),
+    (flash_fwd_d192_bf16_full, Bf16, false, false, HEAD_DIM_192),
+    (flash_fwd_d192_bf16_causal, Bf16, true, false, HEAD_DIM_192),
+    (flash_fwd_d192_bf16_general, Bf16, false, true, HEAD_DIM_192),
+    (flash_fwd_d192_bf16_decode, Bf16, false, true, decode(192)),
+    (flash_fwd_d224_f16_full, F16, false, false, HEAD_DIM_224),
+    (flash_fwd_d224_f16_causal, F16, true, false, HEAD_DIM_224),
+    (flash_fwd_d224_f16_general, F16, false, true, HEAD_DIM_224),
+    (flash_fwd_d224_f16_decode, F16, false, true, decode(224)),
+    (flash_fwd_d224_bf16_full, Bf16, false, false, HEAD_DIM_224),
+    (flash_fwd_d224_bf16_causal, Bf16, true, false, HEAD_DIM_224),
+    (flash_fwd_d224_bf16_general, Bf16, false, true, HEAD_DIM_224),
+    (flash_fwd_d224_bf16_decode, Bf16, false, true, decode(224)),
+    (flash_fwd_d256_f16_full, F16, false, false, HEAD_DIM_256),
+    (flash_fwd_d256_f16_causal, F16, true, false, HEAD_DIM_256),
+    (flash_fwd_d256_f16_general, F16, false, true, HEAD_DIM_256),
+    (flash_fwd_d256_f16_decode, F16, false, true, decode(256)),
+    (flash_fwd_d256_bf16_full, Bf16, false, false, HEAD_DIM_256),
+    (flash_fwd_d256_bf16_causal, Bf16, true, false, HEAD_DIM_256),
+    (flash_fwd_d256_bf16_general, Bf16, false, true, HEAD_DIM_256),
+    (flash_fwd_d256_bf16_decode, Bf16, false, true, decode(256)),
 }
 
 /// The instance called `name`.
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn kernel(name: &str) -> Option<&'static HostKernel> {
     KERNELS.iter().find(|k| k.name == name)
+}
+
+/// A kernel of one instance, with its argument block: `extern "ptx-kernel"`
+/// on the GPU, a plain function for the emulator on the host.
+macro_rules! kernel {
+    ($(#[$doc:meta])* $name:ident($params:ident: $ty:ty) $body:block) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "nvptx64")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name($params: $ty) {
+            let $params = &$params;
+            $body
+        }
+
+        $(#[$doc])*
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub unsafe fn $name($params: &$ty) $body
+    };
+}
+
+kernel! {
+    /// Merges split-KV partial outputs ([`crate::combine`]) into f16.
+    flash_combine_f16(params: CombineParams) { crate::combine::combine_splits::<F16>(params) }
+}
+
+kernel! {
+    /// Merges split-KV partial outputs ([`crate::combine`]) into bf16.
+    flash_combine_bf16(params: CombineParams) { crate::combine::combine_splits::<Bf16>(params) }
+}
+
+kernel! {
+    /// Appends new keys and values to a KV cache ([`crate::append`]).
+    kv_cache_append(params: AppendParams) { crate::append::append_kv(params) }
 }
 
 /// The primitive probe ([`crate::probe`]) as a kernel: the GPU side of the

@@ -1,8 +1,9 @@
 //! The FlashAttention-2 forward kernel body.
 //!
 //! One block computes `block_m` query rows of one (batch, head): it streams
-//! the key/value blocks through two shared-memory stages each, from the last
-//! block to the first (so the masked blocks come first), keeping O, the
+//! the key/value blocks it sees ([`crate::problem`]) through two
+//! shared-memory stages each, from the last block to the first (so the
+//! masked blocks come first), keeping O, the
 //! scores and the softmax state of its rows in registers. The loads of the
 //! next K tile overlap the softmax and P V; the load of the current V tile
 //! overlaps Q K^T.
@@ -14,9 +15,13 @@ use crate::layout::SmemTile;
 use crate::mma;
 use crate::params::ForwardParams;
 use crate::pipeline::load_tile_async;
-use crate::softmax::{OnlineSoftmax, ScoreMask};
+use crate::problem::{split_key_blocks, Sequence, Visibility};
+use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
 
-/// The kernel body, instantiated per element type, masking and tile shape.
+/// The kernel body, instantiated per element type, masking, features and
+/// tile shape. `GENERAL` instances read every feature of [`ForwardParams`]
+/// at run time (variable lengths, KV cache and pages, windows, softcap,
+/// ALiBi, split-KV); the others are the dense kernels, causal or not.
 /// The derived shape parameters must agree (`HEAD_DIM_16 = HEAD_DIM / 16`,
 /// `DIM_TILES = HEAD_DIM / 8`, `N_TILES = BLOCK_N / 8`,
 /// `N_STEPS = BLOCK_N / 16`); they are asserted at compile time.
@@ -24,12 +29,13 @@ use crate::softmax::{OnlineSoftmax, ScoreMask};
 /// # Safety
 /// `params` must describe tensors the host validated for this instance, and
 /// the launch must use `WARPS * 32` threads, a grid of
-/// `(ceil(seqlen_q / block_m), heads_q, batch)` and the shared-memory size
-/// of the tile config.
+/// `(num_splits * ceil(seqlen_q / block_m), heads_q, batch)` and the
+/// shared-memory size of the tile config.
 #[inline(always)]
 pub unsafe fn flash_forward<
     E: Element,
     const CAUSAL: bool,
+    const GENERAL: bool,
     const HEAD_DIM: usize,
     const HEAD_DIM_16: usize,
     const DIM_TILES: usize,
@@ -45,6 +51,7 @@ pub unsafe fn flash_forward<
     const {
         assert!(HEAD_DIM_16 * 16 == HEAD_DIM && DIM_TILES * 8 == HEAD_DIM);
         assert!(N_TILES * 8 == BLOCK_N && N_STEPS * 16 == BLOCK_N);
+        assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
     }
     let threads = (WARPS * 32) as u32;
     let block_m = (WARPS * 16 * M_TILES) as u32;
@@ -53,42 +60,41 @@ pub unsafe fn flash_forward<
     let tid = arch::thread_idx_x();
     let warp = tid / 32;
     let lane = tid % 32;
-    // Causal blocks with more rows have more keys: launch those first.
-    let m_block = if CAUSAL { arch::grid_dim_x() - 1 - arch::block_idx_x() } else { arch::block_idx_x() };
     let head = arch::block_idx_y();
     let batch = arch::block_idx_z();
+    // Blocks with more rows see more keys under causal masking: launch those
+    // first. Split-KV grids are split-major along x.
+    let (m_block, split) = if GENERAL {
+        let m_blocks = params.seqlen_q.div_ceil(block_m);
+        core::hint::assert_unchecked(m_blocks != 0);
+        (m_blocks - 1 - arch::block_idx_x() % m_blocks, arch::block_idx_x() / m_blocks)
+    } else if CAUSAL {
+        (arch::grid_dim_x() - 1 - arch::block_idx_x(), 0)
+    } else {
+        (arch::block_idx_x(), 0)
+    };
     // The host guarantees heads_per_kv >= 1; saying so drops the divide-by-zero panic path.
     core::hint::assert_unchecked(params.heads_per_kv != 0);
     let kv_head = head / params.heads_per_kv;
 
-    let seqlen_q = params.seqlen_q;
-    let seqlen_k = params.seqlen_k;
+    let seq = Sequence::of_batch::<GENERAL>(params, batch);
     let first_row = m_block * block_m;
-    let rows_in_block = (seqlen_q - first_row).min(block_m);
+    if GENERAL && first_row >= seq.seqlen_q {
+        return; // past this batch's queries (variable lengths)
+    }
+    let rows_in_block = (seq.seqlen_q - first_row).min(block_m);
+    let last_row = first_row + rows_in_block - 1;
+    let visibility = Visibility::of::<CAUSAL, GENERAL>(params, &seq);
+    let (mut n_begin, mut n_end) = visibility.key_blocks(first_row, last_row, block_n);
+    if GENERAL && params.num_splits > 1 {
+        (n_begin, n_end) = split_key_blocks(n_begin, n_end, split, params.num_splits);
+    }
 
-    let q = params.q.offset(
-        (batch as i64 * params.q_batch_stride
-            + first_row as i64 * params.q_row_stride
-            + head as i64 * params.q_head_stride) as isize,
-    );
-    let k = params.k.offset((batch as i64 * params.k_batch_stride + kv_head as i64 * params.k_head_stride) as isize);
-    let v = params.v.offset((batch as i64 * params.v_batch_stride + kv_head as i64 * params.v_head_stride) as isize);
-
-    // Key blocks this query block sees: all of them, or with causal masking
-    // those left of the diagonal through its last row (none for rows that
-    // see no key at all).
-    let diagonal = seqlen_k as i32 - seqlen_q as i32;
-    let key_blocks = seqlen_k.div_ceil(block_n);
-    let n_blocks = if CAUSAL {
-        let keys_seen = (first_row + block_m) as i32 + diagonal;
-        if keys_seen <= 0 {
-            0
-        } else {
-            key_blocks.min((keys_seen as u32).div_ceil(block_n))
-        }
-    } else {
-        key_blocks
-    };
+    let q = params
+        .q
+        .offset((seq.q_offset + first_row as i64 * params.q_row_stride + head as i64 * params.q_head_stride) as isize);
+    let k = params.k.offset((seq.k_offset + kv_head as i64 * params.k_head_stride) as isize);
+    let v = params.v.offset((seq.v_offset + kv_head as i64 * params.v_head_stride) as isize);
 
     // Shared memory: Q (later the O staging tile), K stages 0/1, V stages 0/1.
     let smem = arch::dynamic_smem_base();
@@ -97,14 +103,18 @@ pub unsafe fn flash_forward<
     // array of them lands in local memory.
     let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + stage * block_n));
     let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + (2 + stage) * block_n));
-    let load_key_block = |tile: SmemTile<HEAD_DIM>, src: *const u16, row_stride: i64, n: u32| {
+    // Loads key block `n` of k (`KEYS`) or v into `tile`.
+    let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool| {
         let first_key = n * block_n;
+        let (k_offset, v_offset) = seq.key_offsets::<GENERAL>(params, first_key);
+        let (src, offset, row_stride) =
+            if keys { (k, k_offset, params.k_row_stride) } else { (v, v_offset, params.v_row_stride) };
         load_tile_async::<HEAD_DIM>(
             tile,
             block_n,
-            src.offset((first_key as i64 * row_stride) as isize),
+            src.offset(offset as isize),
             row_stride,
-            seqlen_k - first_key,
+            seq.seqlen_k - first_key,
             tid,
             threads,
         );
@@ -113,8 +123,8 @@ pub unsafe fn flash_forward<
 
     load_tile_async::<HEAD_DIM>(q_tile, block_m, q, params.q_row_stride, rows_in_block, tid, threads);
     arch::cp_async_commit();
-    if n_blocks > 0 {
-        load_key_block(k_tile(0), k, params.k_row_stride, n_blocks - 1);
+    if n_end > n_begin {
+        load_key_block(k_tile(0), n_end - 1, true);
         arch::cp_async_wait::<1>();
     } else {
         arch::cp_async_wait::<0>();
@@ -123,34 +133,50 @@ pub unsafe fn flash_forward<
 
     let warp_first_row = warp * 16 * M_TILES as u32;
     let q_operand = mma::QOperand::<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>::new(q_tile, warp_first_row, lane);
-    let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, seqlen_k: seqlen_k as i32, diagonal };
+    let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, visibility };
+    let modifiers = ScoreModifiers {
+        scale_log2: params.scale_log2,
+        softcap_scale: if GENERAL { params.softcap_scale } else { 0.0 },
+        softcap_log2: params.softcap_log2,
+        alibi_slope_log2: if GENERAL && !params.alibi_slopes.is_null() {
+            let slope = params.alibi_slopes.offset((batch as i64 * params.alibi_batch_stride + head as i64) as isize);
+            arch::ld_global_f32(slope) * core::f32::consts::LOG2_E
+        } else {
+            0.0
+        },
+        first_row: mask.first_row,
+        diagonal: visibility.diagonal,
+    };
+    let scale_log2 = modifiers.softmax_scale_log2();
     let mut softmax = OnlineSoftmax::<M_TILES>::new();
     let mut o = [[[0f32; 4]; DIM_TILES]; M_TILES];
 
-    for step in 0..n_blocks {
-        let n = n_blocks - 1 - step;
+    for step in 0..n_end - n_begin {
+        let n = n_end - 1 - step;
         let stage = step % 2;
-        load_key_block(v_tile(stage), v, params.v_row_stride, n);
+        load_key_block(v_tile(stage), n, false);
         arch::cp_async_wait::<1>(); // K[n] has landed; V[n] may be in flight.
         arch::sync_threads();
 
         let mut s =
             mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(&q_operand, k_tile(stage), lane);
-        if n > 0 {
+        let last = n == n_begin;
+        if !last {
             // The other K stage held K[n + 1], which every warp finished
             // reading before the barrier above.
-            load_key_block(k_tile(1 - stage), k, params.k_row_stride, n - 1);
+            load_key_block(k_tile(1 - stage), n - 1, true);
         }
         let first_key = n * block_n;
-        let ragged = first_key + block_n > seqlen_k;
-        let crosses_diagonal = CAUSAL && (first_key + block_n) as i32 > first_row as i32 + diagonal + 1;
-        if ragged || crosses_diagonal {
-            mask.apply::<CAUSAL, M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+        if GENERAL && modifiers.active() {
+            modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
         }
-        softmax.update(&mut s, &mut o, params.scale_log2);
+        if visibility.block_needs_mask(first_row, last_row, first_key, block_n) {
+            mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+        }
+        softmax.update(&mut s, &mut o, scale_log2);
         let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
 
-        if n > 0 {
+        if !last {
             arch::cp_async_wait::<1>();
         } else {
             arch::cp_async_wait::<0>();
@@ -159,19 +185,35 @@ pub unsafe fn flash_forward<
         mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
     }
 
+    let valid_rows = rows_in_block.saturating_sub(warp_first_row);
+    if GENERAL && params.num_splits > 1 {
+        // [split, batch, head, row] over the longest seqlen_q.
+        let row = (((split * arch::grid_dim_z() + batch) * params.heads_q + head) * params.seqlen_q) as usize
+            + (first_row + warp_first_row) as usize;
+        epilogue::write_partial_output::<M_TILES, DIM_TILES, HEAD_DIM>(
+            &o,
+            &softmax,
+            scale_log2,
+            params.o_partial.wrapping_add(row * HEAD_DIM),
+            params.lse_partial.wrapping_add(row),
+            valid_rows,
+            lane,
+        );
+        return;
+    }
     // Each warp stages O in its own rows of the Q tile, which only it reads.
     let out = OutputRows {
         first_row: warp_first_row,
         o: params.o.wrapping_offset(
-            (batch as i64 * params.o_batch_stride
+            (seq.o_offset
                 + (first_row + warp_first_row) as i64 * params.o_row_stride
                 + head as i64 * params.o_head_stride) as isize,
         ),
         o_row_stride: params.o_row_stride,
-        lse: params.lse.wrapping_add(
-            ((batch * params.heads_q + head) as usize) * seqlen_q as usize + (first_row + warp_first_row) as usize,
+        lse: params.lse.wrapping_offset(
+            (seq.lse_offset + head as i64 * params.lse_head_stride + (first_row + warp_first_row) as i64) as isize,
         ),
-        valid_rows: rows_in_block.saturating_sub(warp_first_row),
+        valid_rows,
     };
-    epilogue::write_output::<E, M_TILES, DIM_TILES, HEAD_DIM>(&o, &softmax, params.scale_log2, q_tile, out, lane);
+    epilogue::write_output::<E, M_TILES, DIM_TILES, HEAD_DIM>(&o, &softmax, scale_log2, q_tile, out, lane);
 }

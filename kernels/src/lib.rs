@@ -20,8 +20,10 @@
 // math reads; `OnlineSoftmax::new` is deliberately its only constructor.
 #![allow(clippy::needless_range_loop, clippy::new_without_default)]
 
+pub mod append;
 pub mod arch;
 pub mod ceiling;
+pub mod combine;
 pub mod config;
 pub mod element;
 #[cfg(not(target_arch = "nvptx64"))]
@@ -34,6 +36,7 @@ pub mod mma;
 pub mod params;
 pub mod pipeline;
 pub mod probe;
+pub mod problem;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod reference;
 pub mod softmax;

@@ -9,6 +9,7 @@
 
 use crate::arch;
 use crate::mma::Accumulators;
+use crate::problem::Visibility;
 
 /// Running max and partial sum of each of the lane's rows.
 pub struct OnlineSoftmax<const M_TILES: usize> {
@@ -85,20 +86,17 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
 /// Where a warp's scores sit in the attention matrix, for masking.
 #[derive(Clone, Copy)]
 pub struct ScoreMask {
-    /// Query row of the lane's first score (m-tile 0, half 0).
+    /// Query row of the lane's first score (m-tile 0, half 0), before
+    /// adding the lane's row in the fragment.
     pub first_row: i32,
-    /// Number of keys; later columns are masked.
-    pub seqlen_k: i32,
-    /// With causal masking, key `j` is visible from row `i` when
-    /// `j <= i + diagonal` (`seqlen_k - seqlen_q`: bottom-right aligned).
-    pub diagonal: i32,
+    pub visibility: Visibility,
 }
 
 impl ScoreMask {
     /// Sets to -inf every score of the key block starting at `first_key`
-    /// that lies past the keys or, when `CAUSAL`, above the diagonal.
+    /// that its row does not see.
     #[inline(always)]
-    pub fn apply<const CAUSAL: bool, const M_TILES: usize, const N_TILES: usize>(
+    pub fn apply<const M_TILES: usize, const N_TILES: usize>(
         self,
         s: &mut Accumulators<M_TILES, N_TILES>,
         first_key: i32,
@@ -109,10 +107,11 @@ impl ScoreMask {
         for (m, s_m) in s.iter_mut().enumerate() {
             for half in 0..2 {
                 let row = self.first_row + lane_row + (m as i32) * 16 + (half as i32) * 8;
-                let key_end = if CAUSAL { self.seqlen_k.min(row + self.diagonal + 1) } else { self.seqlen_k };
+                let (key_begin, key_end) = self.visibility.keys_of_row(row);
                 for (n, tile) in s_m.iter_mut().enumerate() {
                     for c in 0..2 {
-                        if lane_key + (n as i32) * 8 + c as i32 >= key_end {
+                        let key = lane_key + (n as i32) * 8 + c as i32;
+                        if key >= key_end || key < key_begin {
                             tile[2 * half + c] = f32::NEG_INFINITY;
                         }
                     }
@@ -120,4 +119,81 @@ impl ScoreMask {
             }
         }
     }
+}
+
+/// The score modifiers of the general kernels, softcap and ALiBi. When
+/// either is on, the scores become logits in log2 units before the softmax
+/// (which then takes a scale of 1): `c log2(e) tanh(scale s / c)` with
+/// softcap `c`, else `scale log2(e) s`, minus `slope log2(e) |i + diagonal - j|`.
+#[derive(Clone, Copy)]
+pub struct ScoreModifiers {
+    pub scale_log2: f32,
+    /// `scale / c` and `c log2(e)` (0 and 0: no softcap).
+    pub softcap_scale: f32,
+    pub softcap_log2: f32,
+    /// `slope log2(e)` of the block's head (0: no ALiBi).
+    pub alibi_slope_log2: f32,
+    /// As [`ScoreMask::first_row`].
+    pub first_row: i32,
+    /// `seqlen_k - seqlen_q`.
+    pub diagonal: i32,
+}
+
+impl ScoreModifiers {
+    pub fn active(&self) -> bool {
+        self.softcap_scale != 0.0 || self.alibi_slope_log2 != 0.0
+    }
+
+    /// The scale the softmax applies to the scores after [`Self::apply`].
+    pub fn softmax_scale_log2(&self) -> f32 {
+        if self.active() {
+            1.0
+        } else {
+            self.scale_log2
+        }
+    }
+
+    /// Turns the raw scores of the key block at `first_key` into logits.
+    #[inline(always)]
+    pub fn apply<const M_TILES: usize, const N_TILES: usize>(
+        self,
+        s: &mut Accumulators<M_TILES, N_TILES>,
+        first_key: i32,
+        lane: u32,
+    ) {
+        for m in 0..M_TILES {
+            for n in 0..N_TILES {
+                for score in s[m][n].iter_mut() {
+                    *score = if self.softcap_scale != 0.0 {
+                        self.softcap_log2 * tanh(*score * self.softcap_scale)
+                    } else {
+                        *score * self.scale_log2
+                    };
+                }
+            }
+        }
+        if self.alibi_slope_log2 != 0.0 {
+            let lane_row = (lane / 4) as i32;
+            let lane_key = first_key + 2 * (lane % 4) as i32;
+            for (m, s_m) in s.iter_mut().enumerate() {
+                for half in 0..2 {
+                    let aligned = self.first_row + lane_row + (m as i32) * 16 + (half as i32) * 8 + self.diagonal;
+                    for (n, tile) in s_m.iter_mut().enumerate() {
+                        for c in 0..2 {
+                            let distance = (aligned - (lane_key + (n as i32) * 8 + c as i32)).unsigned_abs();
+                            tile[2 * half + c] -= self.alibi_slope_log2 * distance as f32;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `tanh(x) = 1 - 2 / (e^(2x) + 1)`, from `ex2.approx` and `rcp.approx`:
+/// an absolute error near 1e-7, and exactly +-1 where `e^(2x)` overflows
+/// or vanishes.
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 * arch::recip(arch::exp2(x * (2.0 * core::f32::consts::LOG2_E)) + 1.0)
 }

@@ -55,6 +55,11 @@ special_register!(
     grid_dim_x,
     "%nctaid.x"
 );
+special_register!(
+    /// `%nctaid.z`: the number of blocks along z.
+    grid_dim_z,
+    "%nctaid.z"
+);
 
 /// `bar.sync 0`: block-wide barrier; also orders shared-memory accesses.
 #[inline(always)]
@@ -269,6 +274,53 @@ pub unsafe fn st_global_v4(ptr: *mut u8, value: [u32; 4]) {
 #[inline(always)]
 pub unsafe fn st_global_f32(ptr: *mut f32, value: f32) {
     asm!("st.global.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack));
+}
+
+/// `st.global.b32`.
+///
+/// # Safety
+/// `ptr` must point to 4 writable, 4-byte aligned bytes of global memory.
+#[inline(always)]
+pub unsafe fn st_global_u32(ptr: *mut u32, value: u32) {
+    asm!("st.global.b32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack));
+}
+
+/// `ld.global.v4.b32`.
+///
+/// # Safety
+/// `ptr` must point to 16 readable, 16-byte aligned bytes of global memory.
+#[inline(always)]
+pub unsafe fn ld_global_v4(ptr: *const u8) -> [u32; 4] {
+    let (r0, r1, r2, r3): (u32, u32, u32, u32);
+    asm!(
+        "ld.global.v4.b32 {{{0}, {1}, {2}, {3}}}, [{p}];",
+        out(reg32) r0, out(reg32) r1, out(reg32) r2, out(reg32) r3,
+        p = in(reg64) ptr,
+        options(nostack, readonly)
+    );
+    [r0, r1, r2, r3]
+}
+
+/// `ld.global.s32`.
+///
+/// # Safety
+/// `ptr` must point to a readable, 4-byte aligned i32 of global memory.
+#[inline(always)]
+pub unsafe fn ld_global_i32(ptr: *const i32) -> i32 {
+    let r: i32;
+    asm!("ld.global.s32 {r}, [{p}];", r = out(reg32) r, p = in(reg64) ptr, options(nostack, readonly));
+    r
+}
+
+/// `ld.global.f32`.
+///
+/// # Safety
+/// `ptr` must point to a readable, 4-byte aligned f32 of global memory.
+#[inline(always)]
+pub unsafe fn ld_global_f32(ptr: *const f32) -> f32 {
+    let r: f32;
+    asm!("ld.global.f32 {r}, [{p}];", r = out(reg32) r, p = in(reg64) ptr, options(nostack, readonly));
+    r
 }
 
 /// `trap`: aborts the kernel (the panic handler's end).

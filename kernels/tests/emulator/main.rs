@@ -5,6 +5,7 @@
 
 mod attention;
 mod faults;
+mod features;
 mod primitives;
 
 use std::sync::Mutex;

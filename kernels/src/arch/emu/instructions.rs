@@ -45,6 +45,11 @@ pub fn grid_dim_x() -> u32 {
     context::with(|t| t.block.nctaid[0])
 }
 
+/// `%nctaid.z`: the number of blocks along z.
+pub fn grid_dim_z() -> u32 {
+    context::with(|t| t.block.nctaid[2])
+}
+
 /// `bar.sync 0`: block-wide barrier; also orders shared-memory accesses.
 #[track_caller]
 pub fn sync_threads() {
@@ -260,6 +265,54 @@ pub unsafe fn st_global_v4(ptr: *mut u8, value: [u32; 4]) {
 #[track_caller]
 pub unsafe fn st_global_f32(ptr: *mut f32, value: f32) {
     store_global(ptr as *mut u8, &value.to_le_bytes(), "st.global.f32", Location::caller());
+}
+
+/// `st.global.b32`.
+///
+/// # Safety
+/// `ptr` must point to 4 writable, 4-byte aligned bytes of global memory.
+#[track_caller]
+pub unsafe fn st_global_u32(ptr: *mut u32, value: u32) {
+    store_global(ptr as *mut u8, &value.to_le_bytes(), "st.global.b32", Location::caller());
+}
+
+/// `ld.global.v4.b32`.
+///
+/// # Safety
+/// `ptr` must point to 16 readable, 16-byte aligned bytes of global memory.
+#[track_caller]
+pub unsafe fn ld_global_v4(ptr: *const u8) -> [u32; 4] {
+    let bytes: [u8; 16] = load_global(ptr, "ld.global.v4.b32", Location::caller());
+    std::array::from_fn(|i| u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]))
+}
+
+/// `ld.global.s32`.
+///
+/// # Safety
+/// `ptr` must point to a readable, 4-byte aligned i32 of global memory.
+#[track_caller]
+pub unsafe fn ld_global_i32(ptr: *const i32) -> i32 {
+    i32::from_le_bytes(load_global(ptr as *const u8, "ld.global.s32", Location::caller()))
+}
+
+/// `ld.global.f32`.
+///
+/// # Safety
+/// `ptr` must point to a readable, 4-byte aligned f32 of global memory.
+#[track_caller]
+pub unsafe fn ld_global_f32(ptr: *const f32) -> f32 {
+    f32::from_le_bytes(load_global(ptr as *const u8, "ld.global.f32", Location::caller()))
+}
+
+fn load_global<const N: usize>(ptr: *const u8, instruction: &'static str, site: Site) -> [u8; N] {
+    context::with(|t| {
+        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: N, align: N, write: false };
+        t.ok(t.block.global.check(&access));
+        let mut bytes = [0u8; N];
+        // SAFETY: inside a registered allocation (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(ptr, bytes.as_mut_ptr(), N) };
+        bytes
+    })
 }
 
 fn store_global(ptr: *mut u8, bytes: &[u8], instruction: &'static str, site: Site) {
