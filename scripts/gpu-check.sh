@@ -8,6 +8,10 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${OUT:-$here/results}"
 mkdir -p "$results"
+# The executables travel compressed (xtask gpu-bundle).
+if [ -f "$here/bin.tar.gz" ]; then
+  rm -rf "$here/bin" && tar xzf "$here/bin.tar.gz" -C "$here" || { echo "gpu-check: cannot unpack bin.tar.gz"; exit 1; }
+fi
 rm -f "$results/tests.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$results/gpu.txt"
 
