@@ -192,7 +192,14 @@ pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
     let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; lse_len]).expect("lse");
 
-    let params = AttentionParams { causal: case.causal, softmax_scale: case.softmax_scale };
+    // Never split: these cases test the dense kernels (tests/tests/gpu_features.rs
+    // tests the general ones, split-KV included).
+    let params = AttentionParams {
+        causal: case.causal,
+        softmax_scale: case.softmax_scale,
+        num_splits: Some(1),
+        ..Default::default()
+    };
     attention
         .forward_into(
             Tensor::strided(&q_dev, q.shape, q.strides),

@@ -46,7 +46,7 @@ fn time_shape<T: TestElement>(
     let mut o = DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); n])?;
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-    let params = AttentionParams { causal: shape.causal, softmax_scale: None };
+    let params = AttentionParams { causal: shape.causal, ..Default::default() };
     let run = |o: &mut DeviceBuffer<T>, lse: &mut DeviceBuffer<f32>| {
         attention.forward_into(
             Tensor::new(&q, dims),
