@@ -380,17 +380,17 @@ mod tests {
         Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
     }
 
-    struct Call {
+    struct Call<'a> {
         q: Placed,
         k: Placed,
         v: Placed,
         o: Placed,
         lse_addr: u64,
         lse_len: usize,
-        params: AttentionParams<'static>,
+        params: AttentionParams<'a>,
     }
 
-    impl Call {
+    impl Call<'_> {
         /// q [2, 100, 8, d], k/v [2, 37, 2, d] (GQA 4:1), at disjoint addresses.
         fn new(head_dim: usize) -> Self {
             Call {
@@ -594,5 +594,99 @@ mod tests {
         assert_eq!(Layout::contiguous([2, 3, 4, 8]).span(), Some(2 * 3 * 4 * 8));
         assert_eq!(Layout::strided([2, 3, 4, 8], [1000, 100, 10, 1]).span(), Some(1000 + 200 + 30 + 7 + 1));
         assert_eq!(Layout::strided([2, 2, 2, 2], [usize::MAX, 1, 1, 1]).span(), None);
+    }
+
+    #[test]
+    fn causal_and_windows_become_the_kernels_bounds() {
+        let bounds = |causal, window| {
+            let mut call = Call::new(64);
+            call.params = AttentionParams { causal, window, ..call.params };
+            let (args, _) = call.run().unwrap();
+            (args.window_left, args.window_right)
+        };
+        assert_eq!(bounds(false, (None, None)), (-1, -1));
+        assert_eq!(bounds(true, (None, None)), (-1, 0));
+        assert_eq!(bounds(false, (Some(3), Some(5))), (3, 5));
+        assert_eq!(bounds(false, (None, Some(0))), (-1, 0));
+        assert_eq!(bounds(false, (Some(0), None)), (0, -1));
+        // Causal with a window keeps the left side and bounds the right at 0.
+        assert_eq!(bounds(true, (Some(3), Some(5))), (3, 0));
+    }
+
+    #[test]
+    fn rejects_windows_past_the_kernels_i32_positions() {
+        let past = i32::MAX as usize + 1;
+        let mut call = Call::new(64);
+        call.params.window = (Some(past), None);
+        let max = i32::MAX as usize;
+        assert_eq!(call.run().unwrap_err(), Error::TooLarge { what: "window left", value: past, max });
+        call.params.window = (Some(i32::MAX as usize), Some(past));
+        assert_eq!(call.run().unwrap_err(), Error::TooLarge { what: "window right", value: past, max });
+        // Causal replaces the right side, whatever it was.
+        call.params.causal = true;
+        assert!(call.run().is_ok());
+    }
+
+    #[test]
+    fn softcap_is_folded_with_the_scale() {
+        let mut call = Call::new(64);
+        call.params.softcap = Some(30.0);
+        let (args, _) = call.run().unwrap();
+        approx::assert_relative_eq!(args.softcap_scale, 0.125 / 30.0, max_relative = 1e-6);
+        approx::assert_relative_eq!(args.softcap_log2, 30.0 * std::f32::consts::LOG2_E, max_relative = 1e-6);
+        let (plain, _) = Call::new(64).run().unwrap();
+        assert_eq!((plain.softcap_scale, plain.softcap_log2), (0.0, 0.0));
+    }
+
+    #[test]
+    fn rejects_bad_softcaps() {
+        for softcap in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+            let mut call = Call::new(64);
+            call.params.softcap = Some(softcap);
+            assert!(matches!(call.run().unwrap_err(), Error::InvalidSoftcap(_)), "softcap {softcap}");
+        }
+    }
+
+    #[test]
+    fn alibi_slopes_are_per_head_or_per_batch_and_head() {
+        let per_head = device_slice::<f32>(80 * MIB, 8);
+        let per_batch = device_slice::<f32>(81 * MIB, 2 * 8);
+        let odd = device_slice::<f32>(82 * MIB, 9);
+        let mut call = Call::new(64);
+        call.params.alibi_slopes = Some(&per_head);
+        let (args, _) = call.run().unwrap();
+        assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (80 * MIB, 0));
+        call.params.alibi_slopes = Some(&per_batch);
+        let (args, _) = call.run().unwrap();
+        assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (81 * MIB, 8));
+        call.params.alibi_slopes = Some(&odd);
+        assert_eq!(call.run().unwrap_err(), Error::AlibiSlopesLength { len: 9, heads_q: 8, batch: 2 });
+        let (plain, _) = Call::new(64).run().unwrap();
+        assert!(plain.alibi_slopes.is_null());
+    }
+
+    #[test]
+    fn num_splits_is_between_1_and_the_maximum() {
+        for (num_splits, ok) in [(0, false), (1, true), (3, true), (128, true), (129, false)] {
+            let mut call = Call::new(64);
+            call.params.num_splits = Some(num_splits);
+            match call.run() {
+                Ok(_) => assert!(ok, "{num_splits} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{num_splits} refused: {e}");
+                    assert_eq!(e, Error::InvalidNumSplits { num_splits, max: 128 });
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_dense_call_keeps_every_general_feature_off() {
+        let (args, _) = Call::new(128).run().unwrap();
+        assert!(args.cu_seqlens_q.is_null() && args.cu_seqlens_k.is_null() && args.seqused_k.is_null());
+        assert!(args.block_table.is_null() && args.o_partial.is_null() && args.lse_partial.is_null());
+        assert_eq!((args.num_splits, args.page_size), (1, 0));
+        // LSE [2, 8, 100].
+        assert_eq!((args.lse_batch_stride, args.lse_head_stride), (800, 100));
     }
 }
