@@ -203,7 +203,7 @@ const COMBINE_ROWS_PER_CTA: usize = 4;
 /// arguments `args` of `batch` batches: applies the GQA decode layout where
 /// it helps, takes `num_splits` or the heuristic (with `wave` the CTAs of a
 /// variant that the GPU runs at once), and lays out the scratch for the
-/// partials and `seqused_len` uploaded sequence lengths.
+/// partials and `seqused_len` sequence lengths to upload as `seqused_k`.
 pub(crate) fn plan(
     mut args: ForwardParams,
     batch: usize,
@@ -224,7 +224,8 @@ pub(crate) fn plan(
         num_splits_heuristic(ctas, key_blocks, wave(split_variant))
     });
     args.num_splits = num_splits as u32;
-    let (variant, config) = if needs_general(&args) {
+    // Uploaded lengths become `seqused_k` at launch: a general-kernel feature.
+    let (variant, config) = if needs_general(&args) || seqused_len > 0 {
         (split_variant, split_config)
     } else if args.window_right == 0 {
         (KernelVariant::Causal, tile_config(head_dim)?)
@@ -469,6 +470,16 @@ mod tests {
         assert!(!swap_gqa_decode(&mut two_rows));
         let mut mha = args(1, 100, 8, 8, 64);
         assert!(!swap_gqa_decode(&mut mha));
+    }
+
+    #[test]
+    fn lengths_uploaded_at_launch_need_the_general_kernels() {
+        // A KV cache append with no other feature: seqused_k is still null
+        // when planning, but the dense kernels would ignore it.
+        let plan = plan(args(1, 1000, 8, 8, 64), 3, 64, Some(1), 3, h100).unwrap();
+        assert_eq!(plan.variant, KernelVariant::Decode);
+        let plan = super::plan(args(40, 1000, 8, 8, 64), 3, 64, Some(1), 3, h100).unwrap();
+        assert_eq!(plan.variant, KernelVariant::General);
     }
 
     #[test]
