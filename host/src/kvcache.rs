@@ -3,7 +3,7 @@
 //! heads_kv, d]` through a block table), optionally appending new keys and
 //! values in place first.
 
-use cust::memory::{DeviceBuffer, DeviceSlice};
+use cust::memory::DeviceBuffer;
 
 use crate::config::PAGE_MULTIPLE;
 use crate::error::{Error, Result};
@@ -57,11 +57,6 @@ impl CacheSeqlens {
     /// The lengths.
     pub fn as_slice(&self) -> &[i32] {
         &self.host
-    }
-
-    /// The device copy of the lengths.
-    pub fn device(&self) -> &DeviceSlice<i32> {
-        &self.device
     }
 }
 
@@ -117,11 +112,6 @@ impl BlockTable {
     /// The entries, row-major.
     pub fn entries(&self) -> &[i32] {
         &self.host
-    }
-
-    /// The device copy of the entries.
-    pub fn device(&self) -> &DeviceSlice<i32> {
-        &self.device
     }
 }
 

@@ -93,11 +93,6 @@ impl<'a, T: Element> Tensor<'a, T> {
         Self::new(buffer, [1, total_tokens, heads, head_dim])
     }
 
-    /// The shape, `[batch, seqlen, heads, head_dim]`.
-    pub fn shape(&self) -> [usize; 4] {
-        self.layout.shape
-    }
-
     pub(crate) fn placed(&self, name: &'static str) -> Placed {
         Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
     }
@@ -123,11 +118,6 @@ impl<'a, T: Element> TensorMut<'a, T> {
     /// A packed variable-length tensor, as [`Tensor::packed`].
     pub fn packed(buffer: &'a mut DeviceSlice<T>, [total_tokens, heads, head_dim]: [usize; 3]) -> Self {
         Self::new(buffer, [1, total_tokens, heads, head_dim])
-    }
-
-    /// The shape, `[batch, seqlen, heads, head_dim]`.
-    pub fn shape(&self) -> [usize; 4] {
-        self.layout.shape
     }
 
     pub(crate) fn placed(&self, name: &'static str) -> Placed {
@@ -528,9 +518,8 @@ impl FlashAttention {
 mod tests {
     use super::*;
 
-    /// Fails, for now, in a checkout whose `host/kernels.ptx` predates the
-    /// general, decode, merge and append kernels: `cargo xtask build-ptx`
-    /// regenerates it.
+    /// A `host/kernels.ptx` built before the general, decode, merge and
+    /// append kernels existed fails this: `cargo xtask build-ptx` rebuilds it.
     #[test]
     fn embedded_ptx_exports_every_kernel_for_sm_80() {
         assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");

@@ -2,7 +2,7 @@
 //! another along the token dimension, located by their offsets
 //! (FlashAttention-2's `cu_seqlens`).
 
-use cust::memory::{DeviceBuffer, DeviceSlice};
+use cust::memory::DeviceBuffer;
 
 use crate::error::{Error, Result};
 use crate::params::ForwardParams;
@@ -117,11 +117,6 @@ impl SeqOffsets {
     /// The offsets, `batch() + 1` of them.
     pub fn offsets(&self) -> &[i32] {
         &self.host
-    }
-
-    /// The device copy of the offsets.
-    pub fn device(&self) -> &DeviceSlice<i32> {
-        &self.device
     }
 
     pub(crate) fn arg(&self) -> OffsetsArg<'_> {

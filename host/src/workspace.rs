@@ -35,13 +35,6 @@ impl Workspace {
         Self::default()
     }
 
-    /// A workspace of `bytes` bytes, allocated now.
-    pub fn with_capacity(bytes: usize) -> Result<Self> {
-        let mut workspace = Self::new();
-        workspace.reserve(bytes)?;
-        Ok(workspace)
-    }
-
     /// Bytes allocated.
     pub fn capacity(&self) -> usize {
         self.buffer.as_ref().map_or(0, |b| b.len())
