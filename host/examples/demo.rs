@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (q, k, v) = (random(), random(), random());
     let (q_dev, k_dev, v_dev) =
         (DeviceBuffer::from_slice(&q)?, DeviceBuffer::from_slice(&k)?, DeviceBuffer::from_slice(&v)?);
-    let params = AttentionParams { causal: true, softmax_scale: None };
+    let params = AttentionParams { causal: true, ..Default::default() };
     let out = attention.forward(
         Tensor::new(&q_dev, shape),
         Tensor::new(&k_dev, shape),

@@ -1,4 +1,5 @@
-//! The errors `forward` returns. Every invalid input is caught before launch.
+//! The errors the attention calls return. Every invalid input is caught before
+//! any allocation or launch.
 
 use std::fmt;
 
@@ -27,6 +28,22 @@ pub enum Error {
     OverlappingOutput { strides: [usize; 4] },
     /// The softmax scale must be finite and positive.
     InvalidScale(f32),
+    /// The softcap must be finite and positive.
+    InvalidSoftcap(f32),
+    /// `num_splits` must be between 1 and `max`.
+    InvalidNumSplits { num_splits: usize, max: usize },
+    /// The ALiBi slopes must be one per query head, or one per (batch, query head).
+    AlibiSlopesLength { len: usize, heads_q: usize, batch: usize },
+    /// Sequence offsets (`cu_seqlens`) that do not describe packed sequences.
+    InvalidSeqOffsets(String),
+    /// A cached sequence length is negative.
+    NegativeCacheSeqlen { batch: usize, seqlen: i32 },
+    /// A batch's cached keys plus the appended ones do not fit its cache.
+    CacheOverflow { batch: usize, needed: usize, capacity: usize },
+    /// The page size of a paged KV cache is not a positive multiple of `multiple`.
+    InvalidPageSize { page_size: usize, multiple: usize },
+    /// A block table that does not fit the cache it indexes.
+    InvalidBlockTable(String),
     /// The GPU's compute capability is below 8.0 (mma.sync bf16, cp.async).
     UnsupportedDevice { major: i32, minor: i32 },
     /// A CUDA driver call failed.
@@ -63,6 +80,28 @@ impl fmt::Display for Error {
                 write!(f, "o: strides {strides:?} make distinct elements share memory")
             }
             Error::InvalidScale(s) => write!(f, "softmax_scale must be finite and > 0, got {s}"),
+            Error::InvalidSoftcap(c) => write!(f, "softcap must be finite and > 0, got {c}"),
+            Error::InvalidNumSplits { num_splits, max } => {
+                write!(f, "num_splits must be between 1 and {max}, got {num_splits}")
+            }
+            Error::AlibiSlopesLength { len, heads_q, batch } => write!(
+                f,
+                "alibi_slopes holds {len} f32, but must hold heads_q = {heads_q} (one per head) or \
+                 batch * heads_q = {} (one per batch and head)",
+                batch.saturating_mul(*heads_q)
+            ),
+            Error::InvalidSeqOffsets(msg) => write!(f, "invalid sequence offsets: {msg}"),
+            Error::NegativeCacheSeqlen { batch, seqlen } => {
+                write!(f, "cache_seqlens[{batch}] = {seqlen} is negative")
+            }
+            Error::CacheOverflow { batch, needed, capacity } => write!(
+                f,
+                "batch {batch} needs {needed} cache slots (cached plus appended keys) but its cache holds {capacity}"
+            ),
+            Error::InvalidPageSize { page_size, multiple } => {
+                write!(f, "page_size {page_size} must be a positive multiple of {multiple}")
+            }
+            Error::InvalidBlockTable(msg) => write!(f, "invalid block table: {msg}"),
             Error::UnsupportedDevice { major, minor } => {
                 write!(f, "compute capability {major}.{minor} is not supported; sm_80 or newer is required")
             }

@@ -10,6 +10,13 @@
 //! causal (bottom-right aligned) and not, any sequence lengths, MQA/GQA.
 //! Every invalid input returns an [`Error`] and launches nothing.
 //!
+//! Beyond dense batches: variable-length batches
+//! ([`FlashAttention::forward_varlen`], [`SeqOffsets`]), KV caches, dense or
+//! paged, with in-place append ([`FlashAttention::forward_kvcache`],
+//! [`KvCache`], [`CacheSeqlens`], [`BlockTable`]), sliding windows, softcap
+//! and ALiBi ([`AttentionParams`]), and split-KV for few queries over many
+//! keys ([`num_splits_heuristic`], [`Workspace`]).
+//!
 //! ```no_run
 //! use flash_attn::{AttentionParams, FlashAttention, Tensor, f16};
 //! use cust::memory::DeviceBuffer;
@@ -30,7 +37,7 @@
 //!     Tensor::new(&q, shape),
 //!     Tensor::new(&k, shape),
 //!     Tensor::new(&v, shape),
-//!     &AttentionParams { causal: true, softmax_scale: None },
+//!     &AttentionParams { causal: true, ..Default::default() },
 //!     &stream,
 //! )?;
 //! stream.synchronize()?;
@@ -43,6 +50,8 @@
 #[path = "../../kernels/src/config.rs"]
 mod config;
 mod error;
+mod kvcache;
+mod launch;
 #[path = "../../kernels/src/params.rs"]
 mod params;
 #[path = "../../kernels/src/reference.rs"]
@@ -51,10 +60,19 @@ pub mod reference;
 mod reference_tests;
 mod runtime;
 mod validate;
+mod varlen;
+mod workspace;
 
 pub use cust;
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
+pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
+pub use launch::{num_splits_heuristic, KernelVariant, MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use params::ForwardParams;
-pub use runtime::{kernel_name, kernel_names, Element, FlashAttention, Output, Tensor, TensorMut, PTX};
+pub use runtime::{
+    combine_kernel_name, kernel_name, kernel_names, Element, FlashAttention, Output, Tensor, TensorMut, APPEND_KERNEL,
+    PTX,
+};
 pub use validate::{validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_SEQLEN, SUPPORTED_HEAD_DIMS};
+pub use varlen::{check_seq_offsets, offsets_from_lengths, OffsetsSummary, SeqOffsets};
+pub use workspace::Workspace;

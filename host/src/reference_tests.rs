@@ -105,7 +105,7 @@ fn a_window_limits_each_row_to_its_band() {
     // With q = 0, O is the mean of the band's values.
     p.causal = false;
     p.window = (Some(1), Some(0));
-    let out = attention(&p, &vec![0.0; 16], &vec![0.3; 24], &labelled_v(&p));
+    let out = attention(&p, &[0.0; 16], &[0.3; 24], &labelled_v(&p));
     assert_relative_eq!(out.o[0], 10.0 * 1.5, max_relative = 1e-12);
     assert_relative_eq!(out.lse[3], 2f64.ln(), max_relative = 1e-12);
 }

@@ -1,31 +1,49 @@
 //! Loading the embedded PTX and launching the kernels through `cust`.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 
 use cust::context::CurrentContext;
 use cust::device::DeviceAttribute;
+use cust::function::BlockSize;
 use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use cust::module::Module;
 use cust::stream::Stream;
 
 use crate::error::{Error, Result};
-use crate::validate::{tile_config, validate, AttentionParams, Layout, Placed, Problem, SUPPORTED_HEAD_DIMS};
+use crate::kvcache::{validate_kvcache, Append, KvCache};
+use crate::launch::{plan, KernelVariant, Plan};
+use crate::params::{CombineParams, ForwardParams};
+use crate::validate::{validate, AttentionParams, Layout, Placed, Problem, SUPPORTED_HEAD_DIMS};
+use crate::varlen::{validate_varlen, SeqOffsets};
+use crate::workspace::{Scratch, Workspace};
 
 /// The kernels' PTX, built from `kernels/` by `cargo xtask build-ptx`.
 pub const PTX: &str = include_str!("../kernels.ptx");
 
-/// The name of the attention kernel for one (head dim, element type, causal).
-pub fn kernel_name(head_dim: usize, element: &str, causal: bool) -> String {
-    format!("flash_fwd_d{head_dim}_{element}_{}", if causal { "causal" } else { "full" })
+/// The kernel that appends new keys and values to a KV cache.
+pub const APPEND_KERNEL: &str = "kv_cache_append";
+
+/// Threads of the append and split-KV merge kernels.
+const SMALL_KERNEL_THREADS: u32 = 128;
+
+/// The name of the attention kernel of one (head dim, element type, variant).
+pub fn kernel_name(head_dim: usize, element: &str, variant: KernelVariant) -> String {
+    format!("flash_fwd_d{head_dim}_{element}_{}", variant.suffix())
 }
 
-/// Every attention kernel in [`PTX`], with its head dim.
-pub fn kernel_names() -> Vec<(usize, String)> {
+/// The name of the split-KV merge kernel of an element type.
+pub fn combine_kernel_name(element: &str) -> String {
+    format!("flash_combine_{element}")
+}
+
+/// Every attention kernel in [`PTX`], with its head dim and variant.
+pub fn kernel_names() -> Vec<(usize, KernelVariant, String)> {
     let mut names = Vec::new();
     for head_dim in SUPPORTED_HEAD_DIMS.map(|d| d as usize) {
         for element in ["f16", "bf16"] {
-            for causal in [false, true] {
-                names.push((head_dim, kernel_name(head_dim, element, causal)));
+            for variant in KernelVariant::ALL {
+                names.push((head_dim, variant, kernel_name(head_dim, element, variant)));
             }
         }
     }
@@ -68,7 +86,14 @@ impl<'a, T: Element> Tensor<'a, T> {
         Self { buffer, layout: Layout::strided(shape, strides) }
     }
 
-    fn placed(&self, name: &'static str) -> Placed {
+    /// The sequences of a variable-length batch packed one after another,
+    /// `[total_tokens, heads, head_dim]` contiguous, viewed as `[1,
+    /// total_tokens, heads, head_dim]` (see [`FlashAttention::forward_varlen`]).
+    pub fn packed(buffer: &'a DeviceSlice<T>, [total_tokens, heads, head_dim]: [usize; 3]) -> Self {
+        Self::new(buffer, [1, total_tokens, heads, head_dim])
+    }
+
+    pub(crate) fn placed(&self, name: &'static str) -> Placed {
         Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
     }
 }
@@ -89,27 +114,73 @@ impl<'a, T: Element> TensorMut<'a, T> {
     pub fn strided(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
         Self { buffer, layout: Layout::strided(shape, strides) }
     }
+
+    /// A packed variable-length tensor, as [`Tensor::packed`].
+    pub fn packed(buffer: &'a mut DeviceSlice<T>, [total_tokens, heads, head_dim]: [usize; 3]) -> Self {
+        Self::new(buffer, [1, total_tokens, heads, head_dim])
+    }
+
+    pub(crate) fn placed(&self, name: &'static str) -> Placed {
+        Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
+    }
 }
 
-/// What [`FlashAttention::forward`] returns.
+/// What the allocating attention calls return.
 pub struct Output<T: Element> {
-    /// `[batch, seqlen_q, heads_q, head_dim]`, contiguous.
+    /// Contiguous, with q's shape: `[batch, seqlen_q, heads_q, head_dim]`
+    /// (packed `[1, total_q, heads_q, head_dim]` for variable lengths).
     pub o: DeviceBuffer<T>,
     /// Natural log-sum-exp of each row's scaled scores, `[batch, heads_q,
-    /// seqlen_q]`; `-inf` for a row that sees no key.
+    /// seqlen_q]` (`[heads_q, total_q]` for variable lengths); `-inf` for a
+    /// row that sees no key.
     pub lse: DeviceBuffer<f32>,
     /// The sizes of the problem.
     pub problem: Problem,
 }
 
+/// Outputs at addresses no allocation has (2^63 and above; GPU virtual
+/// addresses are 49 bits), so that a call is validated before its outputs
+/// are allocated: `o` contiguous of `shape` and `lse_len` f32 after it.
+fn stand_in_outputs(shape: [usize; 4], lse_len: Option<usize>) -> Result<(Placed, u64, usize)> {
+    let too_large = || Error::TooLarge { what: "q elements", value: usize::MAX, max: isize::MAX as usize };
+    let layout = Layout::contiguous(shape);
+    let len = layout.elements().ok_or_else(too_large)?;
+    let lse_len = lse_len.ok_or_else(too_large)?;
+    let o_addr = 1u64 << 63;
+    let lse_addr = o_addr.saturating_add((len as u64).saturating_mul(2)).saturating_add(15) & !15;
+    Ok((Placed { name: "o", layout, addr: o_addr, buffer_len: len }, lse_addr, lse_len))
+}
+
+/// `[b, s, h, d]` -> `b * h * s`, the rows of a dense or KV cache call's LSE.
+fn lse_rows([batch, seqlen, heads, _]: [usize; 4]) -> Option<usize> {
+    batch.checked_mul(heads)?.checked_mul(seqlen)
+}
+
+/// Copies `values` to device address `addr` on `stream`. From pageable host
+/// memory the driver stages the data before returning, so `values` may be
+/// dropped right after.
+fn upload_async(addr: u64, values: &[i32], stream: &Stream) -> Result<()> {
+    let status = unsafe {
+        cust::sys::cuMemcpyHtoDAsync_v2(addr, values.as_ptr().cast(), std::mem::size_of_val(values), stream.as_inner())
+    };
+    if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(Error::DriverCall { call: "cuMemcpyHtoDAsync", code: status as u32 });
+    }
+    Ok(())
+}
+
 /// The kernels, loaded into the CUDA context current at [`FlashAttention::new`].
 pub struct FlashAttention {
     module: Module,
+    sm_count: usize,
+    /// CTAs per SM of each general and decode kernel, by name.
+    blocks_per_sm: HashMap<String, usize>,
 }
 
 impl FlashAttention {
-    /// Loads the kernels into the current context. Fails with
-    /// [`Error::UnsupportedDevice`] below compute capability 8.0.
+    /// Loads the kernels into the current context and reads the GPU's SM
+    /// count and the kernels' occupancy (for the split-KV heuristic). Fails
+    /// with [`Error::UnsupportedDevice`] below compute capability 8.0.
     pub fn new() -> Result<Self> {
         let device = CurrentContext::get_device()?;
         let major = device.get_attribute(DeviceAttribute::ComputeCapabilityMajor)?;
@@ -117,27 +188,47 @@ impl FlashAttention {
         if major < 8 {
             return Err(Error::UnsupportedDevice { major, minor });
         }
+        let sm_count = device.get_attribute(DeviceAttribute::MultiprocessorCount)?.max(1) as usize;
         let module = Module::from_ptx(PTX, &[])?;
-        for (head_dim, name) in kernel_names() {
-            let smem = tile_config(head_dim)?.smem_bytes();
+        let mut blocks_per_sm = HashMap::new();
+        for (head_dim, variant, name) in kernel_names() {
+            let config = variant.tile_config(head_dim)?;
             let function = module.get_function(&name)?;
             // Allow more than the default 48 KiB of dynamic shared memory.
             let status = unsafe {
                 cust::sys::cuFuncSetAttribute(
                     function.to_raw(),
                     cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
+                    config.smem_bytes() as i32,
                 )
             };
             if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
                 return Err(Error::DriverCall { call: "cuFuncSetAttribute", code: status as u32 });
             }
+            if matches!(variant, KernelVariant::General | KernelVariant::Decode) {
+                let blocks = function.max_active_blocks_per_multiprocessor(
+                    BlockSize::x(config.threads()),
+                    config.smem_bytes() as usize,
+                )?;
+                blocks_per_sm.insert(name, blocks as usize);
+            }
         }
-        Ok(Self { module })
+        for name in [combine_kernel_name("f16"), combine_kernel_name("bf16"), APPEND_KERNEL.to_string()] {
+            module.get_function(&name)?;
+        }
+        Ok(Self { module, sm_count, blocks_per_sm })
+    }
+
+    /// The GPU's number of streaming multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// Attention of `q` over `k`, `v`, into freshly allocated outputs,
     /// launched on `stream` (the result is ready once the stream is).
+    ///
+    /// Split-KV scratch, when the heuristic or `params.num_splits` splits,
+    /// is allocated and freed on `stream` (stream-ordered).
     pub fn forward<T: Element>(
         &self,
         q: Tensor<'_, T>,
@@ -146,26 +237,20 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Output<T>> {
-        let [batch, seqlen_q, heads_q, _] = q.layout.shape;
-        let too_large = Error::TooLarge { what: "q elements", value: usize::MAX, max: isize::MAX as usize };
-        let len = q.layout.elements().ok_or(too_large.clone())?;
-        let lse_len = batch.checked_mul(heads_q).and_then(|n| n.checked_mul(seqlen_q)).ok_or(too_large)?;
-        // Validate before allocating, so that bad input allocates nothing. The
-        // stand-in outputs sit at 2^63 and above, where no device allocation
-        // lives (GPU virtual addresses are 49 bits), so they overlap no input.
-        let o_addr = 1u64 << 63;
-        let lse_addr = o_addr.saturating_add((len as u64).saturating_mul(2)).saturating_add(15) & !15;
-        let stand_in_o =
-            Placed { name: "o", layout: Layout::contiguous(q.layout.shape), addr: o_addr, buffer_len: len };
-        validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &stand_in_o, lse_addr, lse_len, params)?;
-        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(len)? };
+        // Validate before allocating, so that bad input allocates nothing.
+        let (stand_in_o, lse_addr, lse_len) = stand_in_outputs(q.layout.shape, lse_rows(q.layout.shape))?;
+        let (args, problem) =
+            validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &stand_in_o, lse_addr, lse_len, params)?;
+        self.plan::<T>(args, &problem, params.num_splits, 0)?;
+        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
         let problem = self.forward_into(q, k, v, TensorMut::new(&mut o, q.layout.shape), &mut lse, params, stream)?;
         Ok(Output { o, lse, problem })
     }
 
     /// Attention into caller-provided outputs: `o` with `q`'s shape, and
-    /// `lse` of at least `batch * heads_q * seqlen_q` f32.
+    /// `lse` of at least `batch * heads_q * seqlen_q` f32. Split-KV scratch
+    /// as in [`forward`](Self::forward).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_into<T: Element>(
         &self,
@@ -177,25 +262,255 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Problem> {
-        let o_placed =
-            Placed { name: "o", layout: o.layout, addr: o.buffer.as_device_ptr().as_raw(), buffer_len: o.buffer.len() };
-        let (mut args, problem) = validate(
+        let (lse_addr, lse_len) = (lse.as_device_ptr().as_raw(), lse.len());
+        let (args, problem) =
+            validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &o.placed("o"), lse_addr, lse_len, params)?;
+        let plan = self.plan::<T>(args, &problem, params.num_splits, 0)?;
+        self.launch::<T>(&plan, None, &[], &mut Scratch::per_call(stream), stream)?;
+        Ok(problem)
+    }
+
+    /// Attention over a variable-length batch: sequences packed one after
+    /// another, q `[total_q, heads_q, d]` and k, v `[total_k, heads_kv, d]`
+    /// (see [`Tensor::packed`]), sequence `b` being tokens
+    /// `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` of q and
+    /// `cu_seqlens_k[b]..cu_seqlens_k[b + 1]` of k and v. Causal masks and
+    /// windows align each sequence's bottom-right corner, as with dense
+    /// batches. Returns o packed like q and the LSE as `[heads_q, total_q]`.
+    /// Split-KV scratch as in [`forward`](Self::forward).
+    ///
+    /// ```no_run
+    /// use flash_attn::{AttentionParams, FlashAttention, SeqOffsets, Tensor, f16};
+    /// use flash_attn::cust::memory::DeviceBuffer;
+    /// use flash_attn::cust::stream::{Stream, StreamFlags};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let _context = flash_attn::cust::quick_init()?;
+    /// let attention = FlashAttention::new()?;
+    /// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+    /// // Three prompts of 100, 7 and 2000 tokens in one batch.
+    /// let cu_seqlens = SeqOffsets::from_lengths(&[100, 7, 2000])?;
+    /// let (heads, d) = (16, 64);
+    /// let tokens = vec![f16::from_f32(0.1); cu_seqlens.total() * heads * d];
+    /// let (q, k, v) = (DeviceBuffer::from_slice(&tokens)?, DeviceBuffer::from_slice(&tokens)?, DeviceBuffer::from_slice(&tokens)?);
+    /// let shape = [cu_seqlens.total(), heads, d];
+    /// let out = attention.forward_varlen(
+    ///     Tensor::packed(&q, shape),
+    ///     Tensor::packed(&k, shape),
+    ///     Tensor::packed(&v, shape),
+    ///     &cu_seqlens,
+    ///     &cu_seqlens,
+    ///     &AttentionParams { causal: true, ..Default::default() },
+    ///     &stream,
+    /// )?;
+    /// stream.synchronize()?;
+    /// assert_eq!(out.lse.len(), heads * cu_seqlens.total());
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_varlen<T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        cu_seqlens_q: &SeqOffsets,
+        cu_seqlens_k: &SeqOffsets,
+        params: &AttentionParams,
+        stream: &Stream,
+    ) -> Result<Output<T>> {
+        let [_, total_q, heads_q, _] = q.layout.shape;
+        let (stand_in_o, lse_addr, lse_len) = stand_in_outputs(q.layout.shape, heads_q.checked_mul(total_q))?;
+        let (args, problem) = validate_varlen(
             &q.placed("q"),
             &k.placed("k"),
             &v.placed("v"),
-            &o_placed,
-            lse.as_device_ptr().as_raw(),
-            lse.len(),
+            &stand_in_o,
+            lse_addr,
+            lse_len,
+            cu_seqlens_q.arg(),
+            cu_seqlens_k.arg(),
             params,
         )?;
-        let config = tile_config(problem.head_dim)?;
-        let name = kernel_name(problem.head_dim, T::NAME, params.causal);
-        let function = self.module.get_function(&name)?;
-        let grid =
-            (problem.seqlen_q.div_ceil(config.block_m as usize) as u32, problem.heads_q as u32, problem.batch as u32);
-        let arg_ptr = &mut args as *mut _ as *mut c_void;
-        unsafe { stream.launch(&function, grid, config.threads(), config.smem_bytes(), &[arg_ptr])? };
+        self.plan::<T>(args, &problem, params.num_splits, 0)?;
+        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
+        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
+        let o_view = TensorMut::new(&mut o, q.layout.shape);
+        let problem =
+            self.forward_varlen_into(q, k, v, o_view, &mut lse, cu_seqlens_q, cu_seqlens_k, params, stream)?;
+        Ok(Output { o, lse, problem })
+    }
+
+    /// [`forward_varlen`](Self::forward_varlen) into caller-provided
+    /// outputs: `o` with `q`'s shape and `lse` of at least `heads_q *
+    /// total_q` f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_varlen_into<T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: &mut DeviceSlice<f32>,
+        cu_seqlens_q: &SeqOffsets,
+        cu_seqlens_k: &SeqOffsets,
+        params: &AttentionParams,
+        stream: &Stream,
+    ) -> Result<Problem> {
+        let (args, problem) = validate_varlen(
+            &q.placed("q"),
+            &k.placed("k"),
+            &v.placed("v"),
+            &o.placed("o"),
+            lse.as_device_ptr().as_raw(),
+            lse.len(),
+            cu_seqlens_q.arg(),
+            cu_seqlens_k.arg(),
+            params,
+        )?;
+        let plan = self.plan::<T>(args, &problem, params.num_splits, 0)?;
+        self.launch::<T>(&plan, None, &[], &mut Scratch::per_call(stream), stream)?;
         Ok(problem)
+    }
+
+    /// Attention of `q` (`[batch, seqlen_q, heads_q, d]`) over a KV cache,
+    /// after appending the cache's new keys and values if it has any (see
+    /// [`KvCache`]). Batch `b` sees its `cache_seqlens[b]` cached keys plus
+    /// the appended ones; causal masks and windows align to that end (the
+    /// last query row is the last key). Returns o with `q`'s shape and the
+    /// LSE as `[batch, heads_q, seqlen_q]`.
+    ///
+    /// Scratch comes from `workspace`, grown on demand: in a decode loop,
+    /// pass the same one every step and only the first step allocates.
+    ///
+    /// ```no_run
+    /// use flash_attn::{AttentionParams, CacheSeqlens, FlashAttention, KvCache, Tensor, TensorMut, Workspace, f16};
+    /// use flash_attn::cust::memory::DeviceBuffer;
+    /// use flash_attn::cust::stream::{Stream, StreamFlags};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let _context = flash_attn::cust::quick_init()?;
+    /// let attention = FlashAttention::new()?;
+    /// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+    /// let (batch, capacity, heads_q, heads_kv, d) = (4, 8192, 32, 8, 128);
+    /// let cache_len = batch * capacity * heads_kv * d;
+    /// let mut k_cache = DeviceBuffer::from_slice(&vec![f16::ZERO; cache_len])?;
+    /// let mut v_cache = DeviceBuffer::from_slice(&vec![f16::ZERO; cache_len])?;
+    /// let q = DeviceBuffer::from_slice(&vec![f16::ONE; batch * heads_q * d])?;
+    /// let new_kv = vec![f16::ONE; batch * heads_kv * d];
+    /// let (k_new, v_new) = (DeviceBuffer::from_slice(&new_kv)?, DeviceBuffer::from_slice(&new_kv)?);
+    /// let mut workspace = Workspace::new();
+    /// let mut lengths = vec![0i32; batch];
+    /// for _step in 0..16 {
+    ///     let cache_seqlens = CacheSeqlens::new(&lengths)?;
+    ///     let cache_shape = [batch, capacity, heads_kv, d];
+    ///     let cache = KvCache::appending(
+    ///         TensorMut::new(&mut k_cache, cache_shape),
+    ///         TensorMut::new(&mut v_cache, cache_shape),
+    ///         Tensor::new(&k_new, [batch, 1, heads_kv, d]),
+    ///         Tensor::new(&v_new, [batch, 1, heads_kv, d]),
+    ///         &cache_seqlens,
+    ///     );
+    ///     let params = AttentionParams { causal: true, ..Default::default() };
+    ///     let out = attention.forward_kvcache(Tensor::new(&q, [batch, 1, heads_q, d]), cache, &params, &mut workspace, &stream)?;
+    ///     stream.synchronize()?;
+    ///     # let _ = out;
+    ///     lengths.iter_mut().for_each(|n| *n += 1);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn forward_kvcache<T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        cache: KvCache<'_, T>,
+        params: &AttentionParams,
+        workspace: &mut Workspace,
+        stream: &Stream,
+    ) -> Result<Output<T>> {
+        let (stand_in_o, lse_addr, lse_len) = stand_in_outputs(q.layout.shape, lse_rows(q.layout.shape))?;
+        let call = validate_kvcache(&q.placed("q"), &cache.args(), &stand_in_o, lse_addr, lse_len, params)?;
+        self.plan::<T>(call.args, &call.problem, params.num_splits, call.seqused_k.len())?;
+        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
+        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
+        let o_view = TensorMut::new(&mut o, q.layout.shape);
+        let problem = self.forward_kvcache_into(q, cache, o_view, &mut lse, params, workspace, stream)?;
+        Ok(Output { o, lse, problem })
+    }
+
+    /// [`forward_kvcache`](Self::forward_kvcache) into caller-provided
+    /// outputs: `o` with `q`'s shape and `lse` of at least `batch * heads_q *
+    /// seqlen_q` f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_kvcache_into<T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        cache: KvCache<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: &mut DeviceSlice<f32>,
+        params: &AttentionParams,
+        workspace: &mut Workspace,
+        stream: &Stream,
+    ) -> Result<Problem> {
+        let (lse_addr, lse_len) = (lse.as_device_ptr().as_raw(), lse.len());
+        let call = validate_kvcache(&q.placed("q"), &cache.args(), &o.placed("o"), lse_addr, lse_len, params)?;
+        let plan = self.plan::<T>(call.args, &call.problem, params.num_splits, call.seqused_k.len())?;
+        self.launch::<T>(&plan, call.append.as_ref(), &call.seqused_k, &mut Scratch::Workspace(workspace), stream)?;
+        Ok(call.problem)
+    }
+
+    /// CTAs of `variant` for `head_dim` that the GPU runs at once.
+    fn wave<T: Element>(&self, head_dim: usize, variant: KernelVariant) -> usize {
+        let blocks = self.blocks_per_sm.get(&kernel_name(head_dim, T::NAME, variant)).copied().unwrap_or(1);
+        self.sm_count * blocks.max(1)
+    }
+
+    fn plan<T: Element>(
+        &self,
+        args: ForwardParams,
+        problem: &Problem,
+        num_splits: Option<usize>,
+        seqused_len: usize,
+    ) -> Result<Plan> {
+        let wave = |variant| self.wave::<T>(problem.head_dim, variant);
+        plan(args, problem.batch, problem.head_dim, num_splits, seqused_len, wave)
+    }
+
+    /// Launches a planned call on `stream`: the append (if any), the
+    /// attention, and the split-KV merge (if split), in that order.
+    fn launch<T: Element>(
+        &self,
+        plan: &Plan,
+        append: Option<&Append>,
+        seqused_k: &[i32],
+        scratch: &mut Scratch,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mut args = plan.args;
+        if plan.scratch.bytes > 0 {
+            let base = scratch.reserve(plan.scratch.bytes)?;
+            if !seqused_k.is_empty() {
+                let addr = base + plan.scratch.seqused_k as u64;
+                upload_async(addr, seqused_k, stream)?;
+                args.seqused_k = addr as *const i32;
+            }
+            if args.num_splits > 1 {
+                args.lse_partial = (base + plan.scratch.lse_partial as u64) as *mut f32;
+                args.o_partial = (base + plan.scratch.o_partial as u64) as *mut f32;
+            }
+        }
+        if let Some(append) = append {
+            let mut append_args = append.args;
+            let function = self.module.get_function(APPEND_KERNEL)?;
+            let arg_ptr = &mut append_args as *mut _ as *mut c_void;
+            unsafe { stream.launch(&function, append.grid, SMALL_KERNEL_THREADS, 0, &[arg_ptr])? };
+        }
+        let function = self.module.get_function(kernel_name(plan.head_dim, T::NAME, plan.variant))?;
+        let arg_ptr = &mut args as *mut _ as *mut c_void;
+        unsafe { stream.launch(&function, plan.grid, plan.config.threads(), plan.config.smem_bytes(), &[arg_ptr])? };
+        if args.num_splits > 1 {
+            let mut combine = CombineParams::of(&args, plan.batch as u32, plan.head_dim as u32);
+            let function = self.module.get_function(combine_kernel_name(T::NAME))?;
+            let arg_ptr = &mut combine as *mut _ as *mut c_void;
+            unsafe { stream.launch(&function, (plan.combine_blocks, 1, 1), SMALL_KERNEL_THREADS, 0, &[arg_ptr])? };
+        }
+        Ok(())
     }
 }
 
@@ -203,29 +518,54 @@ impl FlashAttention {
 mod tests {
     use super::*;
 
+    /// A `host/kernels.ptx` built before the general, decode, merge and
+    /// append kernels existed fails this: `cargo xtask build-ptx` rebuilds it.
     #[test]
     fn embedded_ptx_exports_every_kernel_for_sm_80() {
         assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");
         let names = kernel_names();
-        assert_eq!(names.len(), 32);
-        for (_, name) in &names {
-            assert!(PTX.contains(&format!(".visible .entry {name}(")), "{name} missing from the embedded PTX");
-        }
-        // The attention kernels, the primitive probe of the emulator
-        // cross-check, and the benchmark's mma.sync ceiling.
-        assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), names.len());
+        assert_eq!(names.len(), 8 * 2 * 4);
+        let missing: Vec<String> = names
+            .into_iter()
+            .map(|(_, _, name)| name)
+            .chain([combine_kernel_name("f16"), combine_kernel_name("bf16"), APPEND_KERNEL.to_string()])
+            .filter(|name| !PTX.contains(&format!(".visible .entry {name}(")))
+            .collect();
+        assert!(missing.is_empty(), "missing from the embedded PTX: {missing:?}");
+        // The attention kernels, the merge and append kernels, the primitive
+        // probe of the emulator cross-check, and the benchmark's mma.sync ceiling.
+        assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), 8 * 2 * 4);
+        assert_eq!(PTX.matches(".visible .entry flash_combine").count(), 2);
         assert!(PTX.contains(".visible .entry probe_primitives("));
         assert!(PTX.contains(".visible .entry mma_ceiling("));
     }
 
     #[test]
     fn every_kernel_has_a_tile_config_that_fits_shared_memory() {
-        for (head_dim, name) in kernel_names() {
-            let config = tile_config(head_dim).unwrap();
+        for (head_dim, variant, name) in kernel_names() {
+            let config = variant.tile_config(head_dim).unwrap();
             assert_eq!(config.head_dim as usize, head_dim);
             // sm_80 allows 163 KiB of dynamic shared memory per block.
             assert!(config.smem_bytes() <= 163 * 1024, "{name}: {} bytes", config.smem_bytes());
             assert_eq!(config.block_m, config.warps * 16 * config.m_tiles);
         }
+    }
+
+    #[test]
+    fn kernel_names_follow_the_ptx_exports() {
+        assert_eq!(kernel_name(128, "bf16", KernelVariant::Decode), "flash_fwd_d128_bf16_decode");
+        assert_eq!(kernel_name(64, "f16", KernelVariant::Causal), "flash_fwd_d64_f16_causal");
+        assert_eq!(combine_kernel_name("f16"), "flash_combine_f16");
+    }
+
+    #[test]
+    fn stand_in_outputs_lie_past_every_device_address() {
+        let (o, lse_addr, lse_len) = stand_in_outputs([2, 3, 4, 8], lse_rows([2, 3, 4, 8])).unwrap();
+        assert_eq!((o.addr, o.buffer_len, lse_len), (1 << 63, 2 * 3 * 4 * 8, 2 * 4 * 3));
+        assert_eq!(lse_addr, (1 << 63) + 2 * 192);
+        assert!(matches!(
+            stand_in_outputs([usize::MAX, 2, 2, 8], None).unwrap_err(),
+            Error::TooLarge { what: "q elements", .. }
+        ));
     }
 }

@@ -1,6 +1,10 @@
 //! Input validation and kernel argument construction, as pure functions of
 //! shapes, strides and addresses, so that every rule is tested without a GPU.
 
+use std::ops::Range;
+
+use cust::memory::DeviceSlice;
+
 use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
 use crate::params::{ForwardParams, ForwardSizes, TensorArg};
@@ -71,18 +75,57 @@ pub struct Placed {
     pub buffer_len: usize,
 }
 
-/// The options of one attention call.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct AttentionParams {
+/// The options of one attention call. Every field but `causal` and
+/// `softmax_scale` is a feature of the general kernels; with all of them
+/// off (and no split), a call runs the dense kernels.
+///
+/// ```no_run
+/// use flash_attn::AttentionParams;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let _context = flash_attn::cust::quick_init()?;
+/// // Mistral-style local attention: causal, each query sees its 4096 latest keys.
+/// let local = AttentionParams { causal: true, window: (Some(4096), None), ..Default::default() };
+/// // Gemma-2-style logit softcapping.
+/// let capped = AttentionParams { softcap: Some(50.0), ..Default::default() };
+/// // ALiBi, one slope per query head (device memory, f32).
+/// let slopes = flash_attn::cust::memory::DeviceBuffer::from_slice(&[0.5f32, 0.25, 0.125, 0.0625])?;
+/// let alibi = AttentionParams { causal: true, alibi_slopes: Some(&slopes), ..Default::default() };
+/// // No split-KV, whatever the heuristic would choose.
+/// let unsplit = AttentionParams { num_splits: Some(1), ..Default::default() };
+/// # let _ = (local, capped, alibi, unsplit);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionParams<'a> {
     /// Causal masking, aligned to the bottom-right corner when
     /// `seqlen_q != seqlen_k` (as FlashAttention-2): query `i` sees keys
     /// `j <= i + seqlen_k - seqlen_q`.
     pub causal: bool,
     /// Multiplies `q k^T` before the softmax; `None` means `1/sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
+    /// Local (sliding window) attention, FlashAttention-2's `window_size`
+    /// with `None` for its -1: query `i` sees key `j` when
+    /// `i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right`;
+    /// `None` leaves a side unbounded. With `causal`, the right side is 0.
+    pub window: (Option<usize>, Option<usize>),
+    /// Softcap `c`: the scaled scores `s` become `c * tanh(s / c)` before the
+    /// softmax. Must be finite and positive.
+    pub softcap: Option<f32>,
+    /// ALiBi slopes, f32 in device memory: either one per query head
+    /// (`[heads_q]`) or one per batch and query head (`[batch, heads_q]`).
+    /// Query `i` of head `h` adds `-slope[h] * |i + seqlen_k - seqlen_q - j|`
+    /// to its score for key `j`.
+    pub alibi_slopes: Option<&'a DeviceSlice<f32>>,
+    /// Split-KV: how many CTAs share the keys of each query block (their
+    /// partial results are then merged by a second kernel). `None` lets
+    /// [`num_splits_heuristic`](crate::num_splits_heuristic) choose;
+    /// `Some(1)` never splits. At most [`MAX_SPLITS`](crate::MAX_SPLITS).
+    pub num_splits: Option<usize>,
 }
 
-/// The sizes of a validated problem.
+/// The sizes of a validated problem. For variable-length batches the
+/// sequence lengths are the longest ones; for a KV cache `seqlen_k` is the
+/// longest cached sequence (appended keys included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Problem {
     pub batch: usize,
@@ -106,7 +149,7 @@ pub const MAX_SEQLEN: usize = i32::MAX as usize;
 /// Largest batch and number of query heads (grid z and y).
 pub const MAX_GRID_YZ: usize = 65_535;
 
-fn check_tensor(t: &Placed) -> Result<()> {
+pub(crate) fn check_tensor(t: &Placed) -> Result<()> {
     if t.layout.shape.contains(&0) {
         return Err(Error::EmptyTensor { tensor: t.name });
     }
@@ -132,15 +175,31 @@ fn check_tensor(t: &Placed) -> Result<()> {
 }
 
 /// The bytes of a buffer of `len` elements of `elem_bytes` at `addr`.
-fn bytes(addr: u64, len: usize, elem_bytes: u64) -> std::ops::Range<u64> {
-    addr..addr.saturating_add(len as u64 * elem_bytes)
+pub(crate) fn bytes(addr: u64, len: usize, elem_bytes: u64) -> Range<u64> {
+    addr..addr.saturating_add((len as u64).saturating_mul(elem_bytes))
 }
 
-fn overlaps(a: &std::ops::Range<u64>, b: &std::ops::Range<u64>) -> bool {
+/// The bytes of the buffer behind a 16-bit tensor.
+pub(crate) fn tensor_bytes(t: &Placed) -> Range<u64> {
+    bytes(t.addr, t.buffer_len, 2)
+}
+
+fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
     a.start < b.end && b.start < a.end
 }
 
-fn too_large(what: &'static str, value: usize, max: usize) -> Result<()> {
+/// Fails with [`Error::Aliasing`] if an output overlaps another output or
+/// any input.
+pub(crate) fn check_aliasing(outputs: &[Range<u64>], inputs: &[Range<u64>]) -> Result<()> {
+    for (i, out) in outputs.iter().enumerate() {
+        if outputs[i + 1..].iter().chain(inputs).any(|other| overlaps(out, other)) {
+            return Err(Error::Aliasing);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn too_large(what: &'static str, value: usize, max: usize) -> Result<()> {
     if value > max {
         Err(Error::TooLarge { what, value, max })
     } else {
@@ -148,8 +207,127 @@ fn too_large(what: &'static str, value: usize, max: usize) -> Result<()> {
     }
 }
 
+/// `o` must have `q`'s shape, and distinct elements.
+pub(crate) fn check_output(q: &Placed, o: &Placed) -> Result<()> {
+    if o.layout.shape != q.layout.shape {
+        return Err(Error::ShapeMismatch(format!("o is {:?} but q is {:?}", o.layout.shape, q.layout.shape)));
+    }
+    if !o.layout.is_non_overlapping() {
+        return Err(Error::OverlappingOutput { strides: o.layout.strides });
+    }
+    Ok(())
+}
+
+/// The sizes every kernel supports: a head dim with kernels, whole groups
+/// of query heads per key/value head, and the index and grid ranges.
+pub(crate) fn check_problem(p: &Problem) -> Result<TileConfig> {
+    let config = tile_config(p.head_dim)?;
+    if !p.heads_q.is_multiple_of(p.heads_kv) {
+        return Err(Error::HeadsNotDivisible { heads_q: p.heads_q, heads_kv: p.heads_kv });
+    }
+    too_large("seqlen_q", p.seqlen_q, MAX_SEQLEN)?;
+    too_large("seqlen_k", p.seqlen_k, MAX_SEQLEN)?;
+    too_large("batch", p.batch, MAX_GRID_YZ)?;
+    too_large("heads_q", p.heads_q, MAX_GRID_YZ)?;
+    Ok(config)
+}
+
+/// The lse buffer: at least `needed` f32 (`what` says how they are counted), 4-byte aligned.
+pub(crate) fn check_lse(addr: u64, len: usize, needed: usize, what: &str) -> Result<()> {
+    if len < needed {
+        return Err(Error::ShapeMismatch(format!("lse needs {what} = {needed} f32 but has {len}")));
+    }
+    if addr % 4 != 0 {
+        return Err(Error::Misaligned { tensor: "lse", what: "the base address" });
+    }
+    Ok(())
+}
+
+/// The softmax scale of a call: `params.softmax_scale` or `1/sqrt(head_dim)`.
+pub(crate) fn softmax_scale(params: &AttentionParams, head_dim: usize) -> Result<f32> {
+    let scale = params.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(Error::InvalidScale(scale));
+    }
+    Ok(scale)
+}
+
+/// A tensor's pointer and strides over batch, seqlen and heads.
+pub(crate) fn tensor_arg(t: &Placed) -> TensorArg<*const u16> {
+    TensorArg { ptr: t.addr as *const u16, strides: [0, 1, 2].map(|i| t.layout.strides[i] as i64) }
+}
+
+/// The kernel arguments of q, k, v into o and lse (contiguous `[batch,
+/// heads_q, seqlen_q]`), before any feature.
+pub(crate) fn forward_args(
+    q: &Placed,
+    k: &Placed,
+    v: &Placed,
+    o: &Placed,
+    lse_addr: u64,
+    p: &Problem,
+    scale: f32,
+) -> ForwardParams {
+    let sizes = ForwardSizes {
+        seqlen_q: p.seqlen_q as u32,
+        seqlen_k: p.seqlen_k as u32,
+        heads_q: p.heads_q as u32,
+        heads_per_kv: (p.heads_q / p.heads_kv) as u32,
+    };
+    let o_arg = TensorArg { ptr: o.addr as *mut u16, strides: tensor_arg(o).strides };
+    ForwardParams::new(tensor_arg(q), tensor_arg(k), tensor_arg(v), o_arg, lse_addr as *mut f32, sizes, scale)
+}
+
+/// The kernels' window bounds `(left, right)` of a call, -1 for an
+/// unbounded side; causal is a right bound of 0.
+pub(crate) fn window_bounds(params: &AttentionParams) -> Result<(i32, i32)> {
+    let side = |bound: Option<usize>, what| match bound {
+        None => Ok(-1),
+        Some(n) => i32::try_from(n).map_err(|_| Error::TooLarge { what, value: n, max: i32::MAX as usize }),
+    };
+    let left = side(params.window.0, "window left")?;
+    let right = if params.causal { 0 } else { side(params.window.1, "window right")? };
+    Ok((left, right))
+}
+
+/// Sets the window (and causal), softcap and ALiBi of `params` on `args`,
+/// for `batch` batches of `heads_q` query heads, and checks `num_splits`.
+pub(crate) fn apply_features(
+    args: &mut ForwardParams,
+    params: &AttentionParams,
+    batch: usize,
+    heads_q: usize,
+    scale: f32,
+) -> Result<()> {
+    (args.window_left, args.window_right) = window_bounds(params)?;
+    if let Some(softcap) = params.softcap {
+        if !(softcap.is_finite() && softcap > 0.0) {
+            return Err(Error::InvalidSoftcap(softcap));
+        }
+        args.set_softcap(softcap, scale);
+    }
+    if let Some(slopes) = params.alibi_slopes {
+        let len = slopes.len();
+        args.alibi_batch_stride = if len == heads_q {
+            0
+        } else if Some(len) == batch.checked_mul(heads_q) {
+            heads_q as i64
+        } else {
+            return Err(Error::AlibiSlopesLength { len, heads_q, batch });
+        };
+        args.alibi_slopes = slopes.as_device_ptr().as_raw() as *const f32;
+    }
+    if let Some(num_splits) = params.num_splits {
+        if !(1..=crate::launch::MAX_SPLITS).contains(&num_splits) {
+            return Err(Error::InvalidNumSplits { num_splits, max: crate::launch::MAX_SPLITS });
+        }
+    }
+    Ok(())
+}
+
 /// Checks q, k, v, o (16-bit elements) and the lse buffer (`lse_len` f32 at
-/// `lse_addr`) and builds the kernel arguments and the problem sizes.
+/// `lse_addr`) and builds the kernel arguments, with the window, softcap and
+/// ALiBi of `params` applied, and the problem sizes.
 pub fn validate(
     q: &Placed,
     k: &Placed,
@@ -173,53 +351,21 @@ pub fn validate(
             q.layout.shape, k.layout.shape
         )));
     }
-    if o.layout.shape != q.layout.shape {
-        return Err(Error::ShapeMismatch(format!("o is {:?} but q is {:?}", o.layout.shape, q.layout.shape)));
-    }
-    if !o.layout.is_non_overlapping() {
-        return Err(Error::OverlappingOutput { strides: o.layout.strides });
-    }
-    let config = tile_config(head_dim)?;
-    if heads_q % heads_kv != 0 {
-        return Err(Error::HeadsNotDivisible { heads_q, heads_kv });
-    }
-    too_large("seqlen_q", seqlen_q, MAX_SEQLEN)?;
-    too_large("seqlen_k", seqlen_k, MAX_SEQLEN)?;
-    too_large("batch", batch, MAX_GRID_YZ)?;
-    too_large("heads_q", heads_q, MAX_GRID_YZ)?;
-    let lse_needed = batch * heads_q * seqlen_q;
-    if lse_len < lse_needed {
-        return Err(Error::ShapeMismatch(format!(
-            "lse needs batch * heads_q * seqlen_q = {lse_needed} f32 but has {lse_len}"
-        )));
-    }
-    if lse_addr % 4 != 0 {
-        return Err(Error::Misaligned { tensor: "lse", what: "the base address" });
-    }
-    let outputs = [bytes(o.addr, o.buffer_len, 2), bytes(lse_addr, lse_len, 4)];
-    if overlaps(&outputs[0], &outputs[1])
-        || [q, k, v].iter().any(|t| outputs.iter().any(|out| overlaps(out, &bytes(t.addr, t.buffer_len, 2))))
-    {
-        return Err(Error::Aliasing);
-    }
-    let scale = params.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(Error::InvalidScale(scale));
-    }
-    debug_assert_eq!(config.head_dim as usize, head_dim);
-
-    let arg =
-        |t: &Placed| TensorArg { ptr: t.addr as *const u16, strides: [0, 1, 2].map(|i| t.layout.strides[i] as i64) };
-    let sizes = ForwardSizes {
-        seqlen_q: seqlen_q as u32,
-        seqlen_k: seqlen_k as u32,
-        heads_q: heads_q as u32,
-        heads_per_kv: (heads_q / heads_kv) as u32,
-    };
-    let o_arg = TensorArg { ptr: o.addr as *mut u16, strides: arg(o).strides };
-    let forward = ForwardParams::new(arg(q), arg(k), arg(v), o_arg, lse_addr as *mut f32, sizes, scale);
+    check_output(q, o)?;
     let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    Ok((forward, problem))
+    check_problem(&problem)?;
+    check_lse(lse_addr, lse_len, batch * heads_q * seqlen_q, "batch * heads_q * seqlen_q")?;
+    check_aliasing(&[tensor_bytes(o), bytes(lse_addr, lse_len, 4)], &[q, k, v].map(tensor_bytes))?;
+    let scale = softmax_scale(params, head_dim)?;
+    let mut args = forward_args(q, k, v, o, lse_addr, &problem, scale);
+    apply_features(&mut args, params, batch, heads_q, scale)?;
+    Ok((args, problem))
+}
+
+/// A device slice at a made-up address, for validation tests (never dereferenced).
+#[cfg(test)]
+pub(crate) fn device_slice<T: cust::memory::DeviceCopy>(addr: u64, len: usize) -> DeviceSlice<T> {
+    unsafe { DeviceSlice::from_raw_parts(cust::memory::DevicePointer::from_raw(addr), len) }
 }
 
 #[cfg(test)]
@@ -234,17 +380,17 @@ mod tests {
         Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
     }
 
-    struct Call {
+    struct Call<'a> {
         q: Placed,
         k: Placed,
         v: Placed,
         o: Placed,
         lse_addr: u64,
         lse_len: usize,
-        params: AttentionParams,
+        params: AttentionParams<'a>,
     }
 
-    impl Call {
+    impl Call<'_> {
         /// q [2, 100, 8, d], k/v [2, 37, 2, d] (GQA 4:1), at disjoint addresses.
         fn new(head_dim: usize) -> Self {
             Call {
@@ -448,5 +594,99 @@ mod tests {
         assert_eq!(Layout::contiguous([2, 3, 4, 8]).span(), Some(2 * 3 * 4 * 8));
         assert_eq!(Layout::strided([2, 3, 4, 8], [1000, 100, 10, 1]).span(), Some(1000 + 200 + 30 + 7 + 1));
         assert_eq!(Layout::strided([2, 2, 2, 2], [usize::MAX, 1, 1, 1]).span(), None);
+    }
+
+    #[test]
+    fn causal_and_windows_become_the_kernels_bounds() {
+        let bounds = |causal, window| {
+            let mut call = Call::new(64);
+            call.params = AttentionParams { causal, window, ..call.params };
+            let (args, _) = call.run().unwrap();
+            (args.window_left, args.window_right)
+        };
+        assert_eq!(bounds(false, (None, None)), (-1, -1));
+        assert_eq!(bounds(true, (None, None)), (-1, 0));
+        assert_eq!(bounds(false, (Some(3), Some(5))), (3, 5));
+        assert_eq!(bounds(false, (None, Some(0))), (-1, 0));
+        assert_eq!(bounds(false, (Some(0), None)), (0, -1));
+        // Causal with a window keeps the left side and bounds the right at 0.
+        assert_eq!(bounds(true, (Some(3), Some(5))), (3, 0));
+    }
+
+    #[test]
+    fn rejects_windows_past_the_kernels_i32_positions() {
+        let past = i32::MAX as usize + 1;
+        let mut call = Call::new(64);
+        call.params.window = (Some(past), None);
+        let max = i32::MAX as usize;
+        assert_eq!(call.run().unwrap_err(), Error::TooLarge { what: "window left", value: past, max });
+        call.params.window = (Some(i32::MAX as usize), Some(past));
+        assert_eq!(call.run().unwrap_err(), Error::TooLarge { what: "window right", value: past, max });
+        // Causal replaces the right side, whatever it was.
+        call.params.causal = true;
+        assert!(call.run().is_ok());
+    }
+
+    #[test]
+    fn softcap_is_folded_with_the_scale() {
+        let mut call = Call::new(64);
+        call.params.softcap = Some(30.0);
+        let (args, _) = call.run().unwrap();
+        approx::assert_relative_eq!(args.softcap_scale, 0.125 / 30.0, max_relative = 1e-6);
+        approx::assert_relative_eq!(args.softcap_log2, 30.0 * std::f32::consts::LOG2_E, max_relative = 1e-6);
+        let (plain, _) = Call::new(64).run().unwrap();
+        assert_eq!((plain.softcap_scale, plain.softcap_log2), (0.0, 0.0));
+    }
+
+    #[test]
+    fn rejects_bad_softcaps() {
+        for softcap in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+            let mut call = Call::new(64);
+            call.params.softcap = Some(softcap);
+            assert!(matches!(call.run().unwrap_err(), Error::InvalidSoftcap(_)), "softcap {softcap}");
+        }
+    }
+
+    #[test]
+    fn alibi_slopes_are_per_head_or_per_batch_and_head() {
+        let per_head = device_slice::<f32>(80 * MIB, 8);
+        let per_batch = device_slice::<f32>(81 * MIB, 2 * 8);
+        let odd = device_slice::<f32>(82 * MIB, 9);
+        let mut call = Call::new(64);
+        call.params.alibi_slopes = Some(&per_head);
+        let (args, _) = call.run().unwrap();
+        assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (80 * MIB, 0));
+        call.params.alibi_slopes = Some(&per_batch);
+        let (args, _) = call.run().unwrap();
+        assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (81 * MIB, 8));
+        call.params.alibi_slopes = Some(&odd);
+        assert_eq!(call.run().unwrap_err(), Error::AlibiSlopesLength { len: 9, heads_q: 8, batch: 2 });
+        let (plain, _) = Call::new(64).run().unwrap();
+        assert!(plain.alibi_slopes.is_null());
+    }
+
+    #[test]
+    fn num_splits_is_between_1_and_the_maximum() {
+        for (num_splits, ok) in [(0, false), (1, true), (3, true), (128, true), (129, false)] {
+            let mut call = Call::new(64);
+            call.params.num_splits = Some(num_splits);
+            match call.run() {
+                Ok(_) => assert!(ok, "{num_splits} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{num_splits} refused: {e}");
+                    assert_eq!(e, Error::InvalidNumSplits { num_splits, max: 128 });
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_dense_call_keeps_every_general_feature_off() {
+        let (args, _) = Call::new(128).run().unwrap();
+        assert!(args.cu_seqlens_q.is_null() && args.cu_seqlens_k.is_null() && args.seqused_k.is_null());
+        assert!(args.block_table.is_null() && args.o_partial.is_null() && args.lse_partial.is_null());
+        assert_eq!((args.num_splits, args.page_size), (1, 0));
+        // LSE [2, 8, 100].
+        assert_eq!((args.lse_batch_stride, args.lse_head_stride), (800, 100));
     }
 }

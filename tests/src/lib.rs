@@ -4,7 +4,7 @@
 use flash_attn::cust::context::Context;
 use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::reference::{self, ReferenceProblem};
+use flash_attn::reference::{self, ReferenceOutput, ReferenceProblem};
 use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, TensorMut};
 use rand::Rng;
 
@@ -17,6 +17,7 @@ pub trait TestElement: Element + Copy + Default {
     fn from_f32(x: f32) -> Self;
     fn to_f64(self) -> f64;
     fn from_bits(bits: u16) -> Self;
+    fn to_bits(self) -> u16;
 }
 
 impl TestElement for f16 {
@@ -31,6 +32,9 @@ impl TestElement for f16 {
     fn from_bits(bits: u16) -> Self {
         f16::from_bits(bits)
     }
+    fn to_bits(self) -> u16 {
+        self.to_bits()
+    }
 }
 
 impl TestElement for bf16 {
@@ -44,6 +48,9 @@ impl TestElement for bf16 {
     }
     fn from_bits(bits: u16) -> Self {
         bf16::from_bits(bits)
+    }
+    fn to_bits(self) -> u16 {
+        self.to_bits()
     }
 }
 
@@ -134,11 +141,16 @@ fn indices(shape: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
     (0..nb).flat_map(move |b| (0..ns).flat_map(move |s| (0..nh).flat_map(move |h| (0..nd).map(move |d| [b, s, h, d]))))
 }
 
+/// The values of a `[b, s, h, d]` tensor in `buffer` with `strides`, densely in f64.
+pub fn gather<T: TestElement>(buffer: &[T], shape: [usize; 4], strides: [usize; 4]) -> Vec<f64> {
+    indices(shape).map(|i| buffer[offset(i, strides)].to_f64()).collect()
+}
+
 /// Fresh random normal values (every buffer element, padding too).
 pub fn random_tensor<T: TestElement>(rng: &mut impl Rng, shape: [usize; 4], placement: Placement) -> HostTensor<T> {
     let strides = placement.strides(shape);
     let buffer: Vec<T> = normal(rng, span(shape, strides)).into_iter().map(T::from_f32).collect();
-    let dense = indices(shape).map(|i| buffer[offset(i, strides)].to_f64()).collect();
+    let dense = gather(&buffer, shape, strides);
     HostTensor { buffer, shape, strides, dense }
 }
 
@@ -192,7 +204,14 @@ pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
     let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; lse_len]).expect("lse");
 
-    let params = AttentionParams { causal: case.causal, softmax_scale: case.softmax_scale };
+    // Never split: these cases test the dense kernels (tests/tests/gpu_features.rs
+    // tests the general ones, split-KV included).
+    let params = AttentionParams {
+        causal: case.causal,
+        softmax_scale: case.softmax_scale,
+        num_splits: Some(1),
+        ..Default::default()
+    };
     attention
         .forward_into(
             Tensor::strided(&q_dev, q.shape, q.strides),
@@ -210,8 +229,7 @@ pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &
     o_dev.copy_to(&mut o_host[..]).expect("download o");
     let mut lse = vec![0f32; lse_len];
     lse_dev.copy_to(&mut lse[..]).expect("download lse");
-    let o = indices(q.shape).map(|i| o_host[offset(i, o_strides)].to_f64()).collect();
-    (o, lse)
+    (gather(&o_host, q.shape, o_strides), lse)
 }
 
 /// Checks a GPU result against the f64 reference; panics, naming the case,
@@ -228,19 +246,30 @@ pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[
         case.softmax_scale.map_or(1.0 / (case.head_dim as f64).sqrt(), f64::from),
     );
     let expected = reference::attention(&problem, &inputs.q.dense, &inputs.k.dense, &inputs.v.dense);
+    check_against::<T>(&format!("{case:?}"), o, lse, &expected)
+}
+
+/// Checks O (`[batch, seqlen_q, heads_q, d]`, gathered densely) and the LSE
+/// (`[batch, heads_q, seqlen_q]`) of a GPU run against `expected`: every O
+/// finite, its relative L2 error within `T`'s tolerance (exactly 0 where no
+/// row sees a key), each finite LSE within [`LSE_TOLERANCE`] and `-inf`
+/// exactly where a row sees no key. Panics naming `what` on any failure.
+pub fn check_against<T: TestElement>(what: &str, o: &[f64], lse: &[f32], expected: &ReferenceOutput) -> CaseResult {
+    assert_eq!(o.len(), expected.o.len(), "{what}: O length");
+    assert_eq!(lse.len(), expected.lse.len(), "{what}: LSE length");
     if let Some(bad) = o.iter().position(|x| !x.is_finite()) {
-        panic!("{case:?}: O[{bad}] = {} is not finite (unwritten or NaN)", o[bad]);
+        panic!("{what}: O[{bad}] = {} is not finite (unwritten or NaN)", o[bad]);
     }
     let o_error = if expected.o.iter().all(|&x| x == 0.0) {
         // Every row masked: O must be exactly zero.
-        assert!(o.iter().all(|&x| x == 0.0), "{case:?}: rows that see no key must give O = 0");
+        assert!(o.iter().all(|&x| x == 0.0), "{what}: rows that see no key must give O = 0");
         0.0
     } else {
         reference::relative_l2_error(o, &expected.o)
     };
     assert!(
         o_error < T::O_TOLERANCE,
-        "{case:?} {}: relative L2 error of O {o_error:.3e} >= {:.1e}",
+        "{what} {}: relative L2 error of O {o_error:.3e} >= {:.1e}",
         <T as Element>::NAME,
         T::O_TOLERANCE
     );
@@ -248,14 +277,38 @@ pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[
     let mut lse_max_error = 0f64;
     for (i, (&got, &want)) in lse.iter().zip(&expected.lse).enumerate() {
         if want == f64::NEG_INFINITY {
-            assert!(got == f32::NEG_INFINITY, "{case:?}: LSE[{i}] = {got}, expected -inf (row sees no key)");
+            assert!(got == f32::NEG_INFINITY, "{what}: LSE[{i}] = {got}, expected -inf (row sees no key)");
         } else {
             let err = (got as f64 - want).abs();
-            assert!(err.is_finite() && err <= LSE_TOLERANCE, "{case:?}: LSE[{i}] = {got}, expected {want}");
+            assert!(err.is_finite() && err <= LSE_TOLERANCE, "{what}: LSE[{i}] = {got}, expected {want}");
             lse_max_error = lse_max_error.max(err);
         }
     }
     CaseResult { o_error, lse_max_error }
+}
+
+/// `n` fresh random normal values, as `T` and (exactly) as f64.
+pub fn random_values<T: TestElement>(rng: &mut impl Rng, n: usize) -> (Vec<T>, Vec<f64>) {
+    let values: Vec<T> = normal(rng, n).into_iter().map(T::from_f32).collect();
+    let dense = values.iter().map(|x| x.to_f64()).collect();
+    (values, dense)
+}
+
+/// A device copy of `values`.
+pub fn upload<T: flash_attn::cust::memory::DeviceCopy>(values: &[T]) -> DeviceBuffer<T> {
+    DeviceBuffer::from_slice(values).expect("upload")
+}
+
+/// `n` elements of NaN on the device, for outputs that must all be written.
+pub fn poisoned<T: TestElement>(n: usize) -> DeviceBuffer<T> {
+    upload(&vec![T::from_bits(T::POISON); n])
+}
+
+/// A host copy of a device buffer.
+pub fn download<T: flash_attn::cust::memory::DeviceCopy + Default + Clone>(buffer: &DeviceBuffer<T>) -> Vec<T> {
+    let mut host = vec![T::default(); buffer.len()];
+    buffer.copy_to(&mut host[..]).expect("download");
+    host
 }
 
 /// Runs `case` with fresh random inputs and checks it against the reference.

@@ -7,10 +7,21 @@
 //! register-only m16n8k16 MMAs on every SM) and reports each shape's fraction
 //! of it.
 //!
-//! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]`: prints a
-//! table and writes one JSON object per shape to FILE (for
-//! scripts/bench_torch.py, which adds torch's figures). Head dims other than
-//! 64 and 128 use 2048 / d heads rounded down (hidden close to 2048).
+//! After the grid, decode rows: one query token per sequence (causal) over a
+//! full KV cache, batch 1, 4, 16, 64 and cache 1k..64k keys (up to 8 GiB of
+//! K and V), 32 query heads over 4 KV heads (GQA 8:1), head dim 128, f16,
+//! through `forward_kvcache` with the automatic split-KV. Each reports its
+//! time, the bandwidth of reading K and V (bytes of K and V / time), and
+//! that bandwidth as a fraction of a device-to-device copy's (1 GiB
+//! `cuMemcpyDtoD`, bytes read + written / time) measured in the same run.
+//! L2 is flushed before every timed call.
+//!
+//! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]
+//! [--decode-only | --no-decode]`: prints tables and writes one JSON object
+//! per row to FILE (for scripts/bench_torch.py, which adds torch's figures
+//! and writes the tables as markdown). Head dims other than 64 and 128 use
+//! 2048 / d heads rounded down (hidden close to 2048). Choosing head dims
+//! or seqlens selects prefill rows only (no decode rows).
 
 use std::io::Write;
 
@@ -21,7 +32,9 @@ use flash_attn::cust::function::{BlockSize, GridSize};
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::{bf16, f16, AttentionParams, FlashAttention, Tensor, TensorMut, PTX};
+use flash_attn::{
+    bf16, f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, Tensor, TensorMut, Workspace, PTX,
+};
 use flash_attn_tests::{normal, TestElement};
 
 struct Shape {
@@ -46,7 +59,7 @@ fn time_shape<T: TestElement>(
     let mut o = DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); n])?;
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-    let params = AttentionParams { causal: shape.causal, softmax_scale: None };
+    let params = AttentionParams { causal: shape.causal, ..Default::default() };
     let run = |o: &mut DeviceBuffer<T>, lse: &mut DeviceBuffer<f32>| {
         attention.forward_into(
             Tensor::new(&q, dims),
@@ -111,37 +124,172 @@ fn mma_ceiling_tflops() -> Result<f64, Box<dyn std::error::Error>> {
     Ok(flops / (times[times.len() / 2] * 1e-3) / 1e12)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
-    let quick = args.iter().any(|a| a == "--quick");
-    let list = |flag: &str| -> Option<Vec<usize>> {
-        let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
-        Some(value.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v}"))).collect())
-    };
-    let head_dims = list("--head-dims").unwrap_or(vec![64, 128]);
-    let seqlen_list = list("--seqlens");
-    let _context =
-        flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
-    let attention = FlashAttention::new()?;
+/// A raw driver call's status as a result.
+fn driver(call: &'static str, status: flash_attn::cust::sys::CUresult) -> Result<(), Box<dyn std::error::Error>> {
+    if status != flash_attn::cust::sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(format!("{call} failed with CUDA status {}", status as u32).into());
+    }
+    Ok(())
+}
+
+/// Copies `bytes` bytes from device address `src` to `dst` on `stream`.
+fn copy_async(dst: u64, src: u64, bytes: usize, stream: &Stream) -> Result<(), Box<dyn std::error::Error>> {
+    driver("cuMemcpyDtoDAsync", unsafe {
+        flash_attn::cust::sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.as_inner())
+    })
+}
+
+/// Median milliseconds of `reps` runs of `run` between two events on
+/// `stream`, each after `before` (untimed, on the same stream).
+fn median_ms(
+    stream: &Stream,
+    reps: usize,
+    mut before: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+    mut run: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        before()?;
+        start.record(stream)?;
+        run()?;
+        stop.record(stream)?;
+        stop.synchronize()?;
+        times.push(stop.elapsed_time_f32(&start)? as f64);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[reps / 2])
+}
+
+/// Bytes a device-to-device copy reads and writes per second: a 1 GiB
+/// `cuMemcpyDtoD`, median of 10.
+fn copy_bandwidth(stream: &Stream) -> Result<f64, Box<dyn std::error::Error>> {
+    const BYTES: usize = 1 << 30;
+    let (src, dst) = unsafe { (DeviceBuffer::<u8>::zeroed(BYTES)?, DeviceBuffer::<u8>::uninitialized(BYTES)?) };
+    let (src, dst) = (src.as_device_ptr().as_raw(), dst.as_device_ptr().as_raw());
+    for _ in 0..2 {
+        copy_async(dst, src, BYTES, stream)?;
+    }
+    let ms = median_ms(stream, 10, || Ok(()), || copy_async(dst, src, BYTES, stream))?;
+    Ok(2.0 * BYTES as f64 / (ms * 1e-3))
+}
+
+/// Query heads, KV heads and head dim of the decode rows.
+const DECODE_HEADS: (usize, usize) = (32, 4);
+const DECODE_HEAD_DIM: usize = 128;
+/// Decode rows whose K and V take more are skipped.
+const DECODE_MAX_KV_BYTES: usize = 8 << 30;
+/// Bytes copied before each timed decode call, to flush L2 (50 MiB on H100).
+const L2_FLUSH_BYTES: usize = 256 << 20;
+
+/// One decode row's measurements.
+struct DecodeRow {
+    batch: usize,
+    cache: usize,
+    kv_bytes: usize,
+    time_ms: f64,
+}
+
+/// Fills `buffer` with random normal f16 values: a 16 MiB random block,
+/// repeated by device copies.
+fn fill_random(buffer: &mut DeviceBuffer<f16>, stream: &Stream) -> Result<(), Box<dyn std::error::Error>> {
+    let block_len = (8usize << 20).min(buffer.len());
+    let block: Vec<f16> = normal(&mut rand::thread_rng(), block_len).into_iter().map(f16::from_f32).collect();
+    let block = DeviceBuffer::from_slice(&block)?;
+    let base = buffer.as_device_ptr().as_raw();
+    let mut done = 0;
+    while done < buffer.len() {
+        let n = block_len.min(buffer.len() - done);
+        copy_async(base + 2 * done as u64, block.as_device_ptr().as_raw(), 2 * n, stream)?;
+        done += n;
+    }
+    stream.synchronize()?;
+    Ok(())
+}
+
+/// Times the decode rows: each (batch, cache) of full caches within
+/// [`DECODE_MAX_KV_BYTES`], in one pair of K and V buffers of the largest.
+fn decode_rows(
+    attention: &FlashAttention,
+    batches: &[usize],
+    caches: &[usize],
+    reps: usize,
+    stream: &Stream,
+) -> Result<Vec<DecodeRow>, Box<dyn std::error::Error>> {
+    let (heads_q, heads_kv) = DECODE_HEADS;
+    let d = DECODE_HEAD_DIM;
+    let kv_bytes = |batch: usize, cache: usize| 2 * batch * cache * heads_kv * d * 2;
+    let shapes: Vec<(usize, usize)> = batches
+        .iter()
+        .flat_map(|&b| caches.iter().map(move |&c| (b, c)))
+        .filter(|&(b, c)| kv_bytes(b, c) <= DECODE_MAX_KV_BYTES)
+        .collect();
+    let cache_len = shapes.iter().map(|&(b, c)| b * c * heads_kv * d).max().unwrap_or(0);
+    let max_batch = shapes.iter().map(|&(b, _)| b).max().unwrap_or(0);
+    eprintln!("decode: filling 2 x {} MiB of K and V", (cache_len * 2) >> 20);
+    let mut k = unsafe { DeviceBuffer::<f16>::uninitialized(cache_len)? };
+    let mut v = unsafe { DeviceBuffer::<f16>::uninitialized(cache_len)? };
+    fill_random(&mut k, stream)?;
+    fill_random(&mut v, stream)?;
+    let q_host: Vec<f16> =
+        normal(&mut rand::thread_rng(), max_batch * heads_q * d).into_iter().map(f16::from_f32).collect();
+    let q = DeviceBuffer::from_slice(&q_host)?;
+    let mut o = DeviceBuffer::from_slice(&vec![f16::ZERO; max_batch * heads_q * d])?;
+    let mut lse = DeviceBuffer::from_slice(&vec![0f32; max_batch * heads_q])?;
+    let flush =
+        unsafe { (DeviceBuffer::<u8>::zeroed(L2_FLUSH_BYTES)?, DeviceBuffer::<u8>::uninitialized(L2_FLUSH_BYTES)?) };
+    let flush = (flush.0.as_device_ptr().as_raw(), flush.1.as_device_ptr().as_raw());
+    let mut workspace = Workspace::new();
+    let params = AttentionParams { causal: true, ..Default::default() };
+    let mut rows = Vec::new();
+    for (i, &(batch, cache)) in shapes.iter().enumerate() {
+        eprintln!("decode [{}/{}]: batch {batch}, cache {cache}", i + 1, shapes.len());
+        let lens = CacheSeqlens::new(&vec![cache as i32; batch])?;
+        let cache_shape = [batch, cache, heads_kv, d];
+        let mut run = || -> Result<(), Box<dyn std::error::Error>> {
+            let kv = KvCache::new(Tensor::new(&k, cache_shape), Tensor::new(&v, cache_shape), &lens);
+            attention.forward_kvcache_into(
+                Tensor::new(&q, [batch, 1, heads_q, d]),
+                kv,
+                TensorMut::new(&mut o, [batch, 1, heads_q, d]),
+                &mut lse,
+                &params,
+                &mut workspace,
+                stream,
+            )?;
+            Ok(())
+        };
+        // Warm up (the first call sizes the workspace).
+        for _ in 0..3 {
+            run()?;
+        }
+        stream.synchronize()?;
+        // The flush also keeps the GPU busy while the host prepares the call.
+        let time_ms = median_ms(stream, reps, || copy_async(flush.1, flush.0, L2_FLUSH_BYTES, stream), run)?;
+        rows.push(DecodeRow { batch, cache, kv_bytes: kv_bytes(batch, cache), time_ms });
+    }
+    Ok(rows)
+}
+
+/// Times the prefill grid, printing a row per shape and writing its JSON.
+fn prefill_rows(
+    attention: &FlashAttention,
+    head_dims: &[usize],
+    seqlens: &[usize],
+    reps: usize,
+    out: &mut Option<std::fs::File>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let ceiling = mma_ceiling_tflops()?;
     println!("mma.sync m16n8k16 f16 ceiling (registers only, this GPU): {ceiling:.1} TFLOP/s");
-    let seqlens: Vec<usize> =
-        seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
-    let reps = if quick { 10 } else { 30 };
-    let mut out = match &out_path {
-        Some(p) => Some(std::fs::File::create(p)?),
-        None => None,
-    };
     println!("{:<6} {:>4} {:>7} {:>6} {:>10} {:>10}", "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling");
     for dtype in ["f16", "bf16"] {
-        for &head_dim in &head_dims {
+        for &head_dim in head_dims {
             for causal in [false, true] {
-                for &seqlen in &seqlens {
+                for &seqlen in seqlens {
                     let shape = Shape { seqlen, head_dim, causal, dtype };
                     let tflops = match dtype {
-                        "f16" => time_shape::<f16>(&attention, &shape, reps)?,
-                        _ => time_shape::<bf16>(&attention, &shape, reps)?,
+                        "f16" => time_shape::<f16>(attention, &shape, reps)?,
+                        _ => time_shape::<bf16>(attention, &shape, reps)?,
                     };
                     println!(
                         "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>9.0}%",
@@ -167,6 +315,82 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         )?;
                     }
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let (quick, decode_only, no_decode) = (flag("--quick"), flag("--decode-only"), flag("--no-decode"));
+    let list = |flag: &str| -> Option<Vec<usize>> {
+        let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
+        Some(value.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v}"))).collect())
+    };
+    let head_dim_list = list("--head-dims");
+    let seqlen_list = list("--seqlens");
+    if decode_only && no_decode {
+        return Err("--decode-only and --no-decode exclude each other".into());
+    }
+    // Choosing prefill shapes asks for prefill rows only.
+    let decode = decode_only || !(no_decode || head_dim_list.is_some() || seqlen_list.is_some());
+    let _context =
+        flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
+    let attention = FlashAttention::new()?;
+    let reps = if quick { 10 } else { 30 };
+    let mut out = match &out_path {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    if !decode_only {
+        let head_dims = head_dim_list.unwrap_or(vec![64, 128]);
+        let seqlens =
+            seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
+        prefill_rows(&attention, &head_dims, &seqlens, reps, &mut out)?;
+    }
+    if decode {
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+        let copy = copy_bandwidth(&stream)?;
+        let (batches, caches) = if quick {
+            (vec![1, 16], vec![4096, 16384])
+        } else {
+            (vec![1, 4, 16, 64], vec![1024, 4096, 8192, 16384, 65536])
+        };
+        let rows = decode_rows(&attention, &batches, &caches, reps, &stream)?;
+        let (heads_q, heads_kv) = DECODE_HEADS;
+        println!(
+            "decode: f16, seqlen_q 1, heads {heads_q}:{heads_kv}, d {DECODE_HEAD_DIM}, causal; \
+             device-to-device copy (read + write): {:.0} GB/s",
+            copy / 1e9
+        );
+        println!("| batch | cache | KV MiB | time us | KV read GB/s | copy GB/s | KV / copy |");
+        println!("|---|---|---|---|---|---|---|");
+        for row in &rows {
+            let gbps = row.kv_bytes as f64 / (row.time_ms * 1e-3);
+            println!(
+                "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.0}% |",
+                row.batch,
+                row.cache,
+                row.kv_bytes >> 20,
+                row.time_ms * 1e3,
+                gbps / 1e9,
+                copy / 1e9,
+                100.0 * gbps / copy
+            );
+            if let Some(f) = out.as_mut() {
+                writeln!(
+                    f,
+                    "{{\"kind\":\"decode\",\"dtype\":\"f16\",\"head_dim\":{DECODE_HEAD_DIM},\"heads_q\":{heads_q},\"heads_kv\":{heads_kv},\"batch\":{},\"cache\":{},\"kv_bytes\":{},\"time_us\":{:.3},\"kv_gbps\":{:.3},\"copy_gbps\":{:.3}}}",
+                    row.batch,
+                    row.cache,
+                    row.kv_bytes,
+                    row.time_ms * 1e3,
+                    gbps / 1e9,
+                    copy / 1e9
+                )?;
             }
         }
     }

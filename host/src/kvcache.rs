@@ -1,0 +1,660 @@
+//! KV caches: attention of new queries over cached keys and values, dense
+//! (`[batch, capacity, heads_kv, d]`) or paged (`[num_pages, page_size,
+//! heads_kv, d]` through a block table), optionally appending new keys and
+//! values in place first.
+
+use cust::memory::DeviceBuffer;
+
+use crate::config::PAGE_MULTIPLE;
+use crate::error::{Error, Result};
+use crate::params::{AppendParams, ForwardParams};
+use crate::runtime::{Element, Tensor, TensorMut};
+use crate::validate::{
+    apply_features, bytes, check_aliasing, check_lse, check_output, check_problem, check_tensor, forward_args,
+    softmax_scale, tensor_arg, tensor_bytes, too_large, AttentionParams, Placed, Problem, MAX_SEQLEN,
+};
+
+/// The number of keys already in each batch's cache, validated (each >= 0)
+/// and uploaded. Keeps a host copy, from which the attention calls check
+/// the cache capacity and the block table.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let _context = flash_attn::cust::quick_init()?;
+/// let cache_seqlens = flash_attn::CacheSeqlens::new(&[1000, 17, 0, 4096])?;
+/// assert_eq!(cache_seqlens.batch(), 4);
+/// # Ok(()) }
+/// ```
+pub struct CacheSeqlens {
+    host: Vec<i32>,
+    device: DeviceBuffer<i32>,
+}
+
+/// Checks cached sequence lengths: at least one batch, none negative.
+pub fn check_cache_seqlens(seqlens: &[i32]) -> Result<()> {
+    if seqlens.is_empty() {
+        return Err(Error::ShapeMismatch("cache_seqlens is empty: it needs one length per batch".into()));
+    }
+    match seqlens.iter().position(|&n| n < 0) {
+        Some(batch) => Err(Error::NegativeCacheSeqlen { batch, seqlen: seqlens[batch] }),
+        None => Ok(()),
+    }
+}
+
+impl CacheSeqlens {
+    /// Checks `seqlens` (see [`check_cache_seqlens`]) and uploads them to the
+    /// current context's device.
+    pub fn new(seqlens: &[i32]) -> Result<Self> {
+        check_cache_seqlens(seqlens)?;
+        Ok(Self { host: seqlens.to_vec(), device: DeviceBuffer::from_slice(seqlens)? })
+    }
+
+    /// Number of batches.
+    pub fn batch(&self) -> usize {
+        self.host.len()
+    }
+
+    /// The lengths.
+    pub fn as_slice(&self) -> &[i32] {
+        &self.host
+    }
+}
+
+/// The pages of each batch's sequence in a paged KV cache, `[batch,
+/// pages_per_seq]` i32: key `j` of batch `b` is row `j % page_size` of page
+/// `table[b][j / page_size]`. Entries past a sequence's last page are not
+/// read (any value, e.g. -1); the attention calls check those in use against
+/// the cache. Keeps a host copy.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let _context = flash_attn::cust::quick_init()?;
+/// // Two sequences of up to 3 pages; the second uses 2 so far.
+/// let table = flash_attn::BlockTable::new(&[4, 0, 7, 2, 5, -1], 3)?;
+/// assert_eq!((table.batch(), table.pages_per_seq()), (2, 3));
+/// # Ok(()) }
+/// ```
+pub struct BlockTable {
+    host: Vec<i32>,
+    device: DeviceBuffer<i32>,
+    pages_per_seq: usize,
+}
+
+/// Checks the shape of a block table of `len` entries, `pages_per_seq` per
+/// batch, and returns its number of batches.
+pub fn check_block_table_shape(len: usize, pages_per_seq: usize) -> Result<usize> {
+    if pages_per_seq == 0 || len == 0 || !len.is_multiple_of(pages_per_seq) {
+        return Err(Error::InvalidBlockTable(format!(
+            "{len} entries are not a whole number (at least 1) of rows of {pages_per_seq} pages"
+        )));
+    }
+    Ok(len / pages_per_seq)
+}
+
+impl BlockTable {
+    /// Checks the shape of `entries`, `[batch, pages_per_seq]` row-major, and
+    /// uploads them to the current context's device.
+    pub fn new(entries: &[i32], pages_per_seq: usize) -> Result<Self> {
+        check_block_table_shape(entries.len(), pages_per_seq)?;
+        Ok(Self { host: entries.to_vec(), device: DeviceBuffer::from_slice(entries)?, pages_per_seq })
+    }
+
+    /// Number of batches (rows).
+    pub fn batch(&self) -> usize {
+        self.host.len() / self.pages_per_seq
+    }
+
+    /// Pages per sequence (columns).
+    pub fn pages_per_seq(&self) -> usize {
+        self.pages_per_seq
+    }
+
+    /// The entries, row-major.
+    pub fn entries(&self) -> &[i32] {
+        &self.host
+    }
+}
+
+enum CacheTensors<'a, T: Element> {
+    Read { k: Tensor<'a, T>, v: Tensor<'a, T> },
+    Append { k: TensorMut<'a, T>, v: TensorMut<'a, T>, k_new: Tensor<'a, T>, v_new: Tensor<'a, T> },
+}
+
+/// A KV cache for [`FlashAttention::forward_kvcache`](crate::FlashAttention::forward_kvcache):
+/// the key and value caches, the cached lengths, optionally new keys and
+/// values to append first, and, if paged, the block table.
+///
+/// Dense caches are `[batch, capacity, heads_kv, head_dim]`; paged ones
+/// `[num_pages, page_size, heads_kv, head_dim]` with `page_size` a multiple
+/// of 64. Batch `b` attends over its first `cache_seqlens[b]` keys (plus the
+/// appended ones); the rest of the cache is never read.
+///
+/// ```no_run
+/// use flash_attn::{BlockTable, CacheSeqlens, KvCache, Tensor, TensorMut, f16};
+/// use flash_attn::cust::memory::DeviceBuffer;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let _context = flash_attn::cust::quick_init()?;
+/// let (num_pages, page_size, heads_kv, d) = (64, 256, 8, 128);
+/// let mut k_pages = DeviceBuffer::from_slice(&vec![f16::ZERO; num_pages * page_size * heads_kv * d])?;
+/// let mut v_pages = DeviceBuffer::from_slice(&vec![f16::ZERO; num_pages * page_size * heads_kv * d])?;
+/// let k_new = DeviceBuffer::from_slice(&vec![f16::ONE; 2 * heads_kv * d])?;
+/// let v_new = DeviceBuffer::from_slice(&vec![f16::ONE; 2 * heads_kv * d])?;
+/// let lens = CacheSeqlens::new(&[300, 511])?; // before appending
+/// let table = BlockTable::new(&[3, 9, -1, 12, 4, 0], 3)?;
+/// let shape = [num_pages, page_size, heads_kv, d];
+/// // Appends one token per batch (at 300 and 511), then attends over 301 and 512 keys.
+/// let cache = KvCache::appending(
+///     TensorMut::new(&mut k_pages, shape),
+///     TensorMut::new(&mut v_pages, shape),
+///     Tensor::new(&k_new, [2, 1, heads_kv, d]),
+///     Tensor::new(&v_new, [2, 1, heads_kv, d]),
+///     &lens,
+/// )
+/// .paged(&table);
+/// # let _ = cache;
+/// # Ok(()) }
+/// ```
+pub struct KvCache<'a, T: Element> {
+    tensors: CacheTensors<'a, T>,
+    cache_seqlens: &'a CacheSeqlens,
+    block_table: Option<&'a BlockTable>,
+}
+
+impl<'a, T: Element> KvCache<'a, T> {
+    /// A cache to attend over, unchanged.
+    pub fn new(k_cache: Tensor<'a, T>, v_cache: Tensor<'a, T>, cache_seqlens: &'a CacheSeqlens) -> Self {
+        Self { tensors: CacheTensors::Read { k: k_cache, v: v_cache }, cache_seqlens, block_table: None }
+    }
+
+    /// A cache to which `k_new`, `v_new` (`[batch, seqlen_new, heads_kv,
+    /// head_dim]`) are appended, after each batch's `cache_seqlens[b]` keys,
+    /// before the attention over all of them.
+    pub fn appending(
+        k_cache: TensorMut<'a, T>,
+        v_cache: TensorMut<'a, T>,
+        k_new: Tensor<'a, T>,
+        v_new: Tensor<'a, T>,
+        cache_seqlens: &'a CacheSeqlens,
+    ) -> Self {
+        Self {
+            tensors: CacheTensors::Append { k: k_cache, v: v_cache, k_new, v_new },
+            cache_seqlens,
+            block_table: None,
+        }
+    }
+
+    /// The caches are paged, `[num_pages, page_size, heads_kv, head_dim]`,
+    /// and `block_table` locates each batch's pages.
+    pub fn paged(self, block_table: &'a BlockTable) -> Self {
+        Self { block_table: Some(block_table), ..self }
+    }
+
+    pub(crate) fn args(&self) -> CacheArgs<'_> {
+        let (k, v, new) = match &self.tensors {
+            CacheTensors::Read { k, v } => (k.placed("k_cache"), v.placed("v_cache"), None),
+            CacheTensors::Append { k, v, k_new, v_new } => {
+                (k.placed("k_cache"), v.placed("v_cache"), Some((k_new.placed("k_new"), v_new.placed("v_new"))))
+            }
+        };
+        CacheArgs {
+            k,
+            v,
+            new,
+            seqlens: &self.cache_seqlens.host,
+            seqlens_addr: self.cache_seqlens.device.as_device_ptr().as_raw(),
+            block_table: self.block_table.map(|t| TableArg {
+                entries: &t.host,
+                pages_per_seq: t.pages_per_seq,
+                addr: t.device.as_device_ptr().as_raw(),
+            }),
+        }
+    }
+}
+
+/// A block table as validation sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableArg<'a> {
+    pub entries: &'a [i32],
+    pub pages_per_seq: usize,
+    pub addr: u64,
+}
+
+/// A KV cache as validation sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CacheArgs<'a> {
+    pub k: Placed,
+    pub v: Placed,
+    /// `k_new`, `v_new` to append.
+    pub new: Option<(Placed, Placed)>,
+    pub seqlens: &'a [i32],
+    pub seqlens_addr: u64,
+    pub block_table: Option<TableArg<'a>>,
+}
+
+/// The append kernel's launch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Append {
+    pub args: AppendParams,
+    /// `(seqlen_new, heads_kv, batch)`.
+    pub grid: (u32, u32, u32),
+}
+
+/// A validated KV cache call.
+#[derive(Debug)]
+pub(crate) struct KvCacheCall {
+    /// The attention's arguments; when appending, `seqused_k` is set at launch.
+    pub args: ForwardParams,
+    pub problem: Problem,
+    pub append: Option<Append>,
+    /// When appending: each batch's keys after the append, to upload as
+    /// `seqused_k`. Empty otherwise (the cached lengths serve).
+    pub seqused_k: Vec<i32>,
+}
+
+/// Fails if two batches append to the same rows of a page: each written
+/// run of rows as (page, first row, end row, batch).
+fn check_disjoint_writes(mut runs: Vec<(i32, usize, usize, usize)>) -> Result<()> {
+    runs.sort_unstable();
+    for pair in runs.windows(2) {
+        let ((page, _, end, first), (next_page, start, _, second)) = (pair[0], pair[1]);
+        if page == next_page && start < end {
+            return Err(Error::InvalidBlockTable(format!(
+                "batches {first} and {second} both append to rows of page {page}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a KV cache call and builds its kernel arguments: `q`, `o`
+/// `[batch, seqlen_q, heads_q, d]`, the cache, and `lse_len` f32 at
+/// `lse_addr` for the `[batch, heads_q, seqlen_q]` log-sum-exps.
+pub(crate) fn validate_kvcache(
+    q: &Placed,
+    cache: &CacheArgs,
+    o: &Placed,
+    lse_addr: u64,
+    lse_len: usize,
+    params: &AttentionParams,
+) -> Result<KvCacheCall> {
+    let (k, v) = (&cache.k, &cache.v);
+    for t in [q, k, v, o].into_iter().chain(cache.new.iter().flat_map(|(k_new, v_new)| [k_new, v_new])) {
+        check_tensor(t)?;
+    }
+    let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
+    let [slots_outer, slots_inner, heads_kv, head_dim_k] = k.layout.shape;
+    if v.layout.shape != k.layout.shape {
+        return Err(Error::ShapeMismatch(format!(
+            "k_cache is {:?} but v_cache is {:?}",
+            k.layout.shape, v.layout.shape
+        )));
+    }
+    if head_dim_k != head_dim {
+        return Err(Error::ShapeMismatch(format!("q has head_dim {head_dim} but the cache {head_dim_k}")));
+    }
+    check_output(q, o)?;
+    if cache.seqlens.len() != batch {
+        return Err(Error::ShapeMismatch(format!(
+            "cache_seqlens holds {} lengths but q has batch {batch}",
+            cache.seqlens.len()
+        )));
+    }
+    check_cache_seqlens(cache.seqlens)?;
+    let seqlen_new = match &cache.new {
+        None => 0,
+        Some((k_new, v_new)) => {
+            let seqlen_new = k_new.layout.shape[1];
+            let expected = [batch, seqlen_new, heads_kv, head_dim];
+            if k_new.layout.shape != expected || v_new.layout.shape != expected {
+                return Err(Error::ShapeMismatch(format!(
+                    "k_new is {:?} and v_new {:?}, but the cache and q need [{batch}, seqlen_new, {heads_kv}, \
+                     {head_dim}]",
+                    k_new.layout.shape, v_new.layout.shape
+                )));
+            }
+            seqlen_new
+        }
+    };
+    let (capacity, page_size) = match &cache.block_table {
+        Some(table) => {
+            if !slots_inner.is_multiple_of(PAGE_MULTIPLE as usize) {
+                return Err(Error::InvalidPageSize { page_size: slots_inner, multiple: PAGE_MULTIPLE as usize });
+            }
+            let rows = check_block_table_shape(table.entries.len(), table.pages_per_seq)?;
+            if rows != batch {
+                return Err(Error::InvalidBlockTable(format!("{rows} rows for batch {batch}")));
+            }
+            (table.pages_per_seq.saturating_mul(slots_inner), slots_inner)
+        }
+        None => {
+            if slots_outer != batch {
+                return Err(Error::ShapeMismatch(format!(
+                    "the cache holds {slots_outer} batches but q has {batch} (a paged cache needs a block table)"
+                )));
+            }
+            (slots_inner, 0)
+        }
+    };
+    let mut seqused_k = Vec::with_capacity(batch);
+    for (b, &cached) in cache.seqlens.iter().enumerate() {
+        let needed = cached as usize + seqlen_new;
+        if needed > capacity {
+            return Err(Error::CacheOverflow { batch: b, needed, capacity });
+        }
+        too_large("cached plus appended keys", needed, MAX_SEQLEN)?;
+        seqused_k.push(needed as i32);
+    }
+    if let Some(table) = &cache.block_table {
+        let num_pages = slots_outer;
+        let mut writes = Vec::new();
+        for (b, (&cached, &used)) in cache.seqlens.iter().zip(&seqused_k).enumerate() {
+            let row = &table.entries[b * table.pages_per_seq..][..table.pages_per_seq];
+            for (p, &page) in row.iter().enumerate().take((used as usize).div_ceil(page_size)) {
+                if !(0..num_pages as i64).contains(&(page as i64)) {
+                    return Err(Error::InvalidBlockTable(format!(
+                        "block_table[{b}][{p}] = {page} is not a page of the cache (0..{num_pages})"
+                    )));
+                }
+                let (first, end) = (p * page_size, (p + 1) * page_size);
+                let (start, stop) = ((cached as usize).max(first), (used as usize).min(end));
+                if start < stop {
+                    writes.push((page, start - first, stop - first, b));
+                }
+            }
+        }
+        check_disjoint_writes(writes)?;
+    }
+    let seqlen_k = seqused_k.iter().copied().max().unwrap_or(0) as usize;
+    let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+    check_problem(&problem)?;
+    check_lse(lse_addr, lse_len, batch * heads_q * seqlen_q, "batch * heads_q * seqlen_q")?;
+    let lse = bytes(lse_addr, lse_len, 4);
+    let metadata = [
+        bytes(cache.seqlens_addr, cache.seqlens.len(), 4),
+        cache.block_table.map_or(0..0, |t| bytes(t.addr, t.entries.len(), 4)),
+    ];
+    match &cache.new {
+        None => {
+            let inputs = [tensor_bytes(q), tensor_bytes(k), tensor_bytes(v), metadata[0].clone(), metadata[1].clone()];
+            check_aliasing(&[tensor_bytes(o), lse], &inputs)?;
+        }
+        Some((k_new, v_new)) => {
+            let outputs = [tensor_bytes(o), lse, tensor_bytes(k), tensor_bytes(v)];
+            let inputs =
+                [tensor_bytes(q), tensor_bytes(k_new), tensor_bytes(v_new), metadata[0].clone(), metadata[1].clone()];
+            check_aliasing(&outputs, &inputs)?;
+        }
+    }
+    let scale = softmax_scale(params, head_dim)?;
+    let mut args = forward_args(q, k, v, o, lse_addr, &problem, scale);
+    if cache.new.is_none() {
+        args.seqused_k = cache.seqlens_addr as *const i32;
+        seqused_k.clear();
+    }
+    if let Some(table) = &cache.block_table {
+        args.block_table = table.addr as *const i32;
+        args.block_table_batch_stride = table.pages_per_seq as i64;
+        args.page_size = page_size as u32;
+    }
+    apply_features(&mut args, params, batch, heads_q, scale)?;
+    let append = cache.new.map(|(k_new, v_new)| Append {
+        args: AppendParams {
+            k_new: k_new.addr as *const u16,
+            v_new: v_new.addr as *const u16,
+            k_new_strides: tensor_arg(&k_new).strides,
+            v_new_strides: tensor_arg(&v_new).strides,
+            k_cache: k.addr as *mut u16,
+            v_cache: v.addr as *mut u16,
+            k_cache_strides: tensor_arg(k).strides,
+            v_cache_strides: tensor_arg(v).strides,
+            cache_seqlens: cache.seqlens_addr as *const i32,
+            block_table: args.block_table,
+            block_table_batch_stride: args.block_table_batch_stride,
+            page_size: args.page_size,
+            head_dim: head_dim as u32,
+        },
+        grid: (seqlen_new as u32, heads_kv as u32, batch as u32),
+    });
+    Ok(KvCacheCall { args, problem, append, seqused_k })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::Layout;
+
+    const MIB: u64 = 1 << 20;
+
+    fn tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
+        let layout = Layout::contiguous(shape);
+        Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
+    }
+
+    struct Call {
+        q: Placed,
+        k: Placed,
+        v: Placed,
+        new: Option<(Placed, Placed)>,
+        o: Placed,
+        lse_len: usize,
+        seqlens: Vec<i32>,
+        table: Option<(Vec<i32>, usize)>,
+        params: AttentionParams<'static>,
+    }
+
+    impl Call {
+        /// Batch 3, one query of 8 heads over a dense cache of 1000 slots and 2 KV heads.
+        fn dense() -> Self {
+            Call {
+                q: tensor("q", [3, 1, 8, 128], 0),
+                k: tensor("k_cache", [3, 1000, 2, 128], 16 * MIB),
+                v: tensor("v_cache", [3, 1000, 2, 128], 32 * MIB),
+                new: None,
+                o: tensor("o", [3, 1, 8, 128], 48 * MIB),
+                lse_len: 3 * 8,
+                seqlens: vec![0, 999, 500],
+                table: None,
+                params: AttentionParams::default(),
+            }
+        }
+
+        /// The same batch over 10 pages of 128 slots, 4 pages per sequence.
+        fn paged() -> Self {
+            Call {
+                k: tensor("k_cache", [10, 128, 2, 128], 16 * MIB),
+                v: tensor("v_cache", [10, 128, 2, 128], 32 * MIB),
+                seqlens: vec![0, 300, 500],
+                table: Some((vec![6, -1, -1, -1, 9, 2, 5, -1, 0, 1, 3, 4], 4)),
+                ..Call::dense()
+            }
+        }
+
+        /// Appends `seqlen_new` tokens.
+        fn appending(mut self, seqlen_new: usize) -> Self {
+            let shape = [3, seqlen_new, 2, 128];
+            self.new = Some((tensor("k_new", shape, 80 * MIB), tensor("v_new", shape, 96 * MIB)));
+            self
+        }
+
+        fn run(&self) -> Result<KvCacheCall> {
+            let cache = CacheArgs {
+                k: self.k,
+                v: self.v,
+                new: self.new,
+                seqlens: &self.seqlens,
+                seqlens_addr: 128 * MIB,
+                block_table: self.table.as_ref().map(|(entries, pages_per_seq)| TableArg {
+                    entries,
+                    pages_per_seq: *pages_per_seq,
+                    addr: 129 * MIB,
+                }),
+            };
+            validate_kvcache(&self.q, &cache, &self.o, 64 * MIB, self.lse_len, &self.params)
+        }
+    }
+
+    #[test]
+    fn cache_seqlens_must_be_non_negative() {
+        assert!(check_cache_seqlens(&[0, 5, 7]).is_ok());
+        assert_eq!(check_cache_seqlens(&[3, -1]).unwrap_err(), Error::NegativeCacheSeqlen { batch: 1, seqlen: -1 });
+        assert!(matches!(check_cache_seqlens(&[]).unwrap_err(), Error::ShapeMismatch(_)));
+    }
+
+    #[test]
+    fn block_tables_are_whole_rows() {
+        assert_eq!(check_block_table_shape(12, 4).unwrap(), 3);
+        for (len, per_seq) in [(12, 5), (0, 4), (4, 0)] {
+            assert!(matches!(check_block_table_shape(len, per_seq).unwrap_err(), Error::InvalidBlockTable(_)));
+        }
+    }
+
+    #[test]
+    fn a_dense_cache_attends_over_the_cached_lengths() {
+        let call = Call::dense().run().expect("valid call");
+        assert_eq!(
+            call.problem,
+            Problem { batch: 3, seqlen_q: 1, seqlen_k: 999, heads_q: 8, heads_kv: 2, head_dim: 128 }
+        );
+        let a = call.args;
+        assert_eq!(a.seqused_k as u64, 128 * MIB);
+        assert!(a.block_table.is_null() && a.cu_seqlens_k.is_null());
+        assert_eq!((a.k_batch_stride, a.k_row_stride, a.k_head_stride), (1000 * 2 * 128, 2 * 128, 128));
+        assert!(call.append.is_none() && call.seqused_k.is_empty());
+    }
+
+    #[test]
+    fn appending_uploads_the_new_lengths_and_builds_the_append() {
+        let call = Call::dense().appending(1).run().expect("valid call");
+        assert_eq!(call.seqused_k, vec![1, 1000, 501]);
+        assert_eq!(call.problem.seqlen_k, 1000);
+        assert!(call.args.seqused_k.is_null(), "set at launch, from the uploaded lengths");
+        let append = call.append.unwrap();
+        assert_eq!(append.grid, (1, 2, 3));
+        let a = append.args;
+        assert_eq!(
+            (a.k_new as u64, a.v_new as u64, a.k_cache as u64, a.v_cache as u64),
+            (80 * MIB, 96 * MIB, 16 * MIB, 32 * MIB)
+        );
+        assert_eq!(a.k_new_strides, [2 * 128, 2 * 128, 128]);
+        assert_eq!(a.k_cache_strides, [1000 * 2 * 128, 2 * 128, 128]);
+        assert_eq!(a.cache_seqlens as u64, 128 * MIB);
+        assert!(a.block_table.is_null());
+        assert_eq!((a.page_size, a.head_dim), (0, 128));
+    }
+
+    #[test]
+    fn the_cache_must_hold_the_appended_keys() {
+        let err = Call::dense().appending(2).run().unwrap_err();
+        assert_eq!(err, Error::CacheOverflow { batch: 1, needed: 1001, capacity: 1000 });
+        let mut call = Call::dense();
+        call.seqlens[2] = 1001;
+        assert_eq!(call.run().unwrap_err(), Error::CacheOverflow { batch: 2, needed: 1001, capacity: 1000 });
+    }
+
+    #[test]
+    fn shapes_of_cache_lengths_and_new_keys_must_fit() {
+        let mut call = Call::dense();
+        call.seqlens.pop();
+        assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("cache_seqlens holds 2")));
+        let mut call = Call::dense();
+        call.k = tensor("k_cache", [2, 1000, 2, 128], 16 * MIB);
+        call.v = tensor("v_cache", [2, 1000, 2, 128], 32 * MIB);
+        assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("block table")));
+        let mut call = Call::dense().appending(1);
+        call.new.as_mut().unwrap().1 = tensor("v_new", [3, 2, 2, 128], 96 * MIB);
+        assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("v_new")));
+        let mut call = Call::dense();
+        call.seqlens[0] = -4;
+        assert_eq!(call.run().unwrap_err(), Error::NegativeCacheSeqlen { batch: 0, seqlen: -4 });
+    }
+
+    #[test]
+    fn a_paged_cache_reads_through_its_block_table() {
+        let call = Call::paged().run().expect("valid call");
+        let a = call.args;
+        assert_eq!((a.block_table as u64, a.block_table_batch_stride, a.page_size), (129 * MIB, 4, 128));
+        // The "batch" stride steps from page to page.
+        assert_eq!(a.k_batch_stride, 128 * 2 * 128);
+        assert_eq!(call.problem.seqlen_k, 500);
+    }
+
+    #[test]
+    fn pages_must_be_multiples_of_64_slots() {
+        let mut call = Call::paged();
+        call.k = tensor("k_cache", [10, 96, 2, 128], 16 * MIB);
+        call.v = tensor("v_cache", [10, 96, 2, 128], 32 * MIB);
+        assert_eq!(call.run().unwrap_err(), Error::InvalidPageSize { page_size: 96, multiple: 64 });
+    }
+
+    #[test]
+    fn used_pages_must_exist_and_unused_entries_are_ignored() {
+        // Batch 0 (empty) reads no page, batch 1 (300 keys) 3 of its 4:
+        // their -1 entries are not read.
+        assert!(Call::paged().run().is_ok());
+        let mut call = Call::paged();
+        call.table.as_mut().unwrap().0[6] = 10;
+        let err = call.run().unwrap_err();
+        assert!(matches!(&err, Error::InvalidBlockTable(m) if m.contains("block_table[1][2] = 10")), "{err}");
+        // Appending 1 key to each batch takes page 0 of batch 0 (6), and
+        // stays in the pages batches 1 and 2 already use.
+        assert!(Call::paged().appending(1).run().is_ok());
+        let mut call = Call::paged().appending(1);
+        call.table.as_mut().unwrap().0[0] = -1;
+        let err = call.run().unwrap_err();
+        assert!(matches!(&err, Error::InvalidBlockTable(m) if m.contains("block_table[0][0] = -1")), "{err}");
+        // The table needs a row for every batch.
+        let mut call = Call::paged();
+        call.table = Some((vec![0, 1, 2, 3], 4));
+        assert!(matches!(call.run().unwrap_err(), Error::InvalidBlockTable(m) if m.contains("1 rows for batch 3")));
+    }
+
+    #[test]
+    fn the_capacity_of_a_paged_sequence_is_its_row_of_pages() {
+        // Batch 2 holds 500 of 4 pages * 128 = 512 slots.
+        assert!(Call::paged().appending(12).run().is_ok());
+        let err = Call::paged().appending(13).run().unwrap_err();
+        assert_eq!(err, Error::CacheOverflow { batch: 2, needed: 513, capacity: 512 });
+    }
+
+    #[test]
+    fn two_batches_may_not_append_to_the_same_page_rows() {
+        // Batch 0 (empty) and batch 1 (300 keys, page 5 holds 256..384)
+        // share page 5: batch 0 appends to rows 0..4, batch 1 to rows 44..48.
+        let mut call = Call::paged().appending(4);
+        call.table.as_mut().unwrap().0[0] = 5;
+        assert!(call.run().is_ok(), "disjoint rows of one page");
+        // Batch 0 now holds 42 keys: it appends to rows 42..46 of page 5 too.
+        call.seqlens[0] = 42;
+        let err = call.run().unwrap_err();
+        assert!(matches!(&err, Error::InvalidBlockTable(m) if m.contains("batches 0 and 1")), "{err}");
+    }
+
+    #[test]
+    fn appending_caches_are_outputs() {
+        // The new keys inside the value cache.
+        let mut call = Call::dense().appending(1);
+        call.new.as_mut().unwrap().0.addr = 32 * MIB;
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        // The output over the key cache.
+        let mut call = Call::dense();
+        call.o.addr = 16 * MIB;
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        // One cache buffer for keys and values is fine when only read.
+        let mut call = Call::dense();
+        call.v.addr = call.k.addr;
+        assert!(call.run().is_ok());
+        assert_eq!(Call { v: call.v, ..Call::dense().appending(1) }.run().unwrap_err(), Error::Aliasing);
+    }
+
+    #[test]
+    fn features_apply_to_cache_calls() {
+        let mut call = Call::dense();
+        call.params = AttentionParams { causal: true, window: (Some(128), None), softcap: Some(30.0), ..call.params };
+        let a = call.run().unwrap().args;
+        assert_eq!((a.window_left, a.window_right), (128, 0));
+        assert!(a.softcap_scale > 0.0);
+        let mut call = Call::dense();
+        call.params.num_splits = Some(0);
+        assert_eq!(call.run().unwrap_err(), Error::InvalidNumSplits { num_splits: 0, max: 128 });
+    }
+}
