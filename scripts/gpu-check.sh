@@ -5,6 +5,8 @@
 # Build the bundle first, here: `cargo xtask gpu-bundle`.
 # usage: bash gpu-bundle/gpu-check.sh [--quick-bench]   (results in $OUT or gpu-bundle/results)
 set -u
+quick_bench=0
+[ "${1:-}" = "--quick-bench" ] && quick_bench=1
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${OUT:-$here/results}"
 mkdir -p "$results"
@@ -36,18 +38,22 @@ if "$here/bin/demo" > "$results/demo.log" 2>&1; then demo="ok"; else demo="FAILE
 cat "$results/demo.log"
 
 gpu_test="$(ls "$here"/bin/test-flash-attn-tests-test-gpu_forward* | head -n1)"
-echo "== compute-sanitizer memcheck on memcheck_ragged_causal_gqa"
-if compute-sanitizer --tool memcheck --error-exitcode 9 "$gpu_test" memcheck_ragged_causal_gqa --exact --nocapture \
-     > "$results/memcheck.log" 2>&1; then
-  memcheck="clean"
-else
-  memcheck="FAILED"
-fi
-tail -5 "$results/memcheck.log"
+features_test="$(ls "$here"/bin/test-flash-attn-tests-test-gpu_features* | head -n1)"
+memcheck="clean"
+# A ragged causal GQA case of the dense kernels, then paged KV caches with
+# appends and split-KV (general and decode kernels, combine, append).
+for run in "$gpu_test memcheck_ragged_causal_gqa" "$features_test f16_paged_kv_cache" "$features_test stale_cache_slots_are_never_read"; do
+  set -- $run
+  echo "== compute-sanitizer memcheck on $2"
+  if ! compute-sanitizer --tool memcheck --error-exitcode 9 "$1" "$2" --exact --nocapture > "$results/memcheck-$2.log" 2>&1; then
+    memcheck="FAILED"
+  fi
+  tail -3 "$results/memcheck-$2.log"
+done
 
 echo "== benchmark"
 bench_args=()
-[ "${1:-}" = "--quick-bench" ] && bench_args+=(--quick)
+[ "$quick_bench" = 1 ] && bench_args+=(--quick)
 bench="FAILED"
 # The standard grid (d 64 and 128), then prefill rows for the other head dims.
 if "$here/bin/bench" --out "$results/ours.jsonl" "${bench_args[@]}" && \

@@ -59,6 +59,10 @@ impl KernelVariant {
                 .ok()
                 .and_then(config::decode_tile_config)
                 .ok_or(Error::UnsupportedHeadDim(head_dim)),
+            KernelVariant::General => u32::try_from(head_dim)
+                .ok()
+                .and_then(config::general_tile_config)
+                .ok_or(Error::UnsupportedHeadDim(head_dim)),
             _ => tile_config(head_dim),
         }
     }

@@ -51,8 +51,9 @@ pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 /// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
 /// (TUNING.md, step 3).
 pub const HEAD_DIM_64: TileConfig = TileConfig::new(64, 4, 2, 64, true);
-/// Head dim 96.
-pub const HEAD_DIM_96: TileConfig = TileConfig::new(96, 4, 2, 32, false);
+/// Head dim 96: Q fragments in registers (6% faster than re-reading them,
+/// TUNING.md step 9).
+pub const HEAD_DIM_96: TileConfig = TileConfig::new(96, 4, 2, 32, true);
 /// Head dim 128: 128 query rows, 32 per warp, 32-key blocks, Q re-read from
 /// shared memory so the 32 rows fit in 255 registers (TUNING.md, step 2).
 pub const HEAD_DIM_128: TileConfig = TileConfig::new(128, 4, 2, 32, false);
@@ -62,8 +63,9 @@ pub const HEAD_DIM_160: TileConfig = TileConfig::new(160, 8, 1, 64, false);
 pub const HEAD_DIM_192: TileConfig = TileConfig::new(192, 8, 1, 64, false);
 /// Head dim 224: 32-key blocks, to stay within sm_80's shared memory.
 pub const HEAD_DIM_224: TileConfig = TileConfig::new(224, 8, 1, 32, false);
-/// Head dim 256: 32-key blocks, to stay within sm_80's shared memory.
-pub const HEAD_DIM_256: TileConfig = TileConfig::new(256, 8, 1, 32, false);
+/// Head dim 256: 4 warps of 16 rows and 32-key blocks, so two blocks fit an
+/// SM (12% faster than one block of 8 warps, TUNING.md step 9).
+pub const HEAD_DIM_256: TileConfig = TileConfig::new(256, 4, 1, 32, false);
 
 /// Every head dim with kernels.
 pub const HEAD_DIMS: [u32; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
@@ -80,6 +82,17 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
         224 => Some(HEAD_DIM_224),
         256 => Some(HEAD_DIM_256),
         _ => None,
+    }
+}
+
+/// The tile config of the general kernels (`flash_fwd_d*_general`) for
+/// `head_dim`: the dense kernels' shape and launch geometry, but with Q
+/// re-read from shared memory where the features' extra registers would
+/// not fit beside Q's fragments (d=96 spills otherwise).
+pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
+    match tile_config(head_dim) {
+        Some(dense) => Some(TileConfig { q_in_registers: dense.q_in_registers && head_dim != 96, ..dense }),
+        None => None,
     }
 }
 

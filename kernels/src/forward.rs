@@ -3,10 +3,9 @@
 //! One block computes `block_m` query rows of one (batch, head): it streams
 //! the key/value blocks it sees ([`crate::problem`]) through two
 //! shared-memory stages each, from the last block to the first (so the
-//! masked blocks come first), keeping O, the
-//! scores and the softmax state of its rows in registers. The loads of the
-//! next K tile overlap the softmax and P V; the load of the current V tile
-//! overlaps Q K^T.
+//! masked blocks come first), keeping O, the scores and the softmax state of
+//! its rows in registers. The loads of the next K and V tiles are issued at
+//! the top of each step and overlap its whole Q K^T, softmax and P V.
 
 use crate::arch;
 use crate::element::Element;
@@ -125,7 +124,8 @@ pub unsafe fn flash_forward<
     arch::cp_async_commit();
     if n_end > n_begin {
         load_key_block(k_tile(0), n_end - 1, true);
-        arch::cp_async_wait::<1>();
+        load_key_block(v_tile(0), n_end - 1, false);
+        arch::cp_async_wait::<2>(); // Q has landed; K and V may be in flight.
     } else {
         arch::cp_async_wait::<0>();
     }
@@ -151,21 +151,25 @@ pub unsafe fn flash_forward<
     let mut softmax = OnlineSoftmax::<M_TILES>::new();
     let mut o = [[[0f32; 4]; DIM_TILES]; M_TILES];
 
+    // Copy groups in flight at the top of step n: K[n], V[n]. Each step
+    // first waits for K[n], then (after the barrier, when every warp is done
+    // with stage 1 - s) starts K[n - 1] and V[n - 1], so that each block's
+    // copies have a whole step to land.
     for step in 0..n_end - n_begin {
         let n = n_end - 1 - step;
         let stage = step % 2;
-        load_key_block(v_tile(stage), n, false);
+        let last = n == n_begin;
         arch::cp_async_wait::<1>(); // K[n] has landed; V[n] may be in flight.
         arch::sync_threads();
+        if !last {
+            // Stage 1 - s held K[n + 1] and V[n + 1], which every warp
+            // finished reading before the barrier above.
+            load_key_block(k_tile(1 - stage), n - 1, true);
+            load_key_block(v_tile(1 - stage), n - 1, false);
+        }
 
         let mut s =
             mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(&q_operand, k_tile(stage), lane);
-        let last = n == n_begin;
-        if !last {
-            // The other K stage held K[n + 1], which every warp finished
-            // reading before the barrier above.
-            load_key_block(k_tile(1 - stage), n - 1, true);
-        }
         let first_key = n * block_n;
         if GENERAL && modifiers.active() {
             modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
@@ -177,7 +181,7 @@ pub unsafe fn flash_forward<
         let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
 
         if !last {
-            arch::cp_async_wait::<1>();
+            arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
         } else {
             arch::cp_async_wait::<0>();
         }

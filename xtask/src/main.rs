@@ -266,7 +266,10 @@ fn gpu_bundle() -> Result<()> {
     // bundle stays well inside what the GPU machine's carry takes.
     run(Command::new("tar").current_dir(&bundle).args(["czf", "bin.tar.gz", "bin"]))?;
     fs::remove_dir_all(bundle.join("bin")).map_err(|e| e.to_string())?;
-    println!("xtask: gpu-bundle/ holds {} test executables, bench and demo in bin.tar.gz, and gpu-check.sh", copied.len());
+    println!(
+        "xtask: gpu-bundle/ holds {} test executables, bench and demo in bin.tar.gz, and gpu-check.sh",
+        copied.len()
+    );
     println!("xtask: on the GPU machine run: bash gpu-bundle/gpu-check.sh");
     Ok(())
 }
