@@ -4,7 +4,7 @@
 
 use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
-use crate::params::ForwardParams;
+use crate::params::{self, ForwardParams};
 use crate::validate::tile_config;
 
 /// The most CTAs the keys of one query block are split among.
@@ -200,9 +200,6 @@ pub(crate) struct Plan {
     pub combine_blocks: u32,
 }
 
-/// Rows of the merge kernel per CTA (one warp each).
-const COMBINE_ROWS_PER_CTA: usize = 4;
-
 /// Chooses the kernel, the split and the grid of a call with the validated
 /// arguments `args` of `batch` batches: applies the GQA decode layout where
 /// it helps, takes `num_splits` or the heuristic (with `wave` the CTAs of a
@@ -243,7 +240,7 @@ pub(crate) fn plan(
     let mut combine_blocks = 0;
     if num_splits > 1 {
         let merged_rows = rows * heads_q * batch;
-        combine_blocks = merged_rows.div_ceil(COMBINE_ROWS_PER_CTA);
+        combine_blocks = params::combine_blocks(merged_rows as u64, head_dim as u32) as usize;
         if combine_blocks > MAX_GRID_X {
             return Err(Error::TooLarge { what: "split-KV merge blocks", value: combine_blocks, max: MAX_GRID_X });
         }
@@ -370,7 +367,7 @@ mod tests {
         assert_eq!(plan.variant, KernelVariant::General);
         assert_eq!(plan.args.num_splits, 2);
         assert_eq!(plan.grid, (16, 8, 2));
-        assert_eq!(plan.combine_blocks as usize, (2 * 8 * 1000usize).div_ceil(4));
+        assert_eq!(plan.combine_blocks as usize, (2 * 8 * 1000 * 128 / 8usize).div_ceil(4));
     }
 
     #[test]
@@ -401,7 +398,7 @@ mod tests {
         assert_eq!(plan.scratch.lse_partial, 0);
         assert_eq!(plan.scratch.o_partial, (rows * 4).next_multiple_of(256));
         assert_eq!(plan.scratch.bytes, plan.scratch.o_partial + rows * 128 * 4);
-        assert_eq!(plan.combine_blocks as usize, (3 * 4 * 200usize).div_ceil(4));
+        assert_eq!(plan.combine_blocks as usize, (3 * 4 * 200 * 128 / 8usize).div_ceil(4));
     }
 
     #[test]

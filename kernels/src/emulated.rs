@@ -6,7 +6,7 @@ use crate::append::APPEND_THREADS;
 use crate::combine::COMBINE_WARPS;
 use crate::emu::{self, GlobalRegion, LaunchConfig};
 use crate::entry::{self, DType, HostKernel};
-use crate::params::{AppendParams, CombineParams, ForwardParams, ForwardSizes, TensorArg};
+use crate::params::{combine_blocks, AppendParams, CombineParams, ForwardParams, ForwardSizes, TensorArg};
 use crate::reference::{self, ReferenceProblem};
 
 /// 16 bytes, the alignment `cp.async` needs of every tensor.
@@ -428,8 +428,8 @@ pub fn forward_general(
         if let Some(cu) = &features.cu_seqlens_q {
             regions.push(GlobalRegion::read_only("cu_seqlens_q", cu));
         }
-        let rows = (batch * heads_q * seqlen_q) as u32;
-        let config = LaunchConfig::new([rows.div_ceil(COMBINE_WARPS), 1, 1], 32 * COMBINE_WARPS, 0);
+        let blocks = combine_blocks((batch * heads_q * seqlen_q) as u64, head_dim as u32) as u32;
+        let config = LaunchConfig::new([blocks, 1, 1], 32 * COMBINE_WARPS, 0);
         let run = match kernel.dtype {
             DType::F16 => entry::flash_combine_f16,
             DType::Bf16 => entry::flash_combine_bf16,

@@ -169,9 +169,19 @@ impl ForwardParams {
     }
 }
 
+/// Warps per block of the combine kernel, and columns per warp.
+pub const COMBINE_WARPS: u32 = 4;
+pub const COMBINE_COLUMNS: u32 = 8;
+
+/// The combine kernel's grid x for `rows` merged rows of `head_dim`: one
+/// warp per (row, slice of [`COMBINE_COLUMNS`] columns).
+pub const fn combine_blocks(rows: u64, head_dim: u32) -> u64 {
+    (rows * (head_dim / COMBINE_COLUMNS) as u64).div_ceil(COMBINE_WARPS as u64)
+}
+
 /// The arguments of `flash_combine_{f16,bf16}`, which merges the split-KV
-/// partial outputs. Launch: 128 threads (one warp per row), grid x =
-/// `ceil(batch * heads_q * seqlen_q / 4)`, no dynamic shared memory.
+/// partial outputs. Launch: 128 threads (four warps, each one row's slice of
+/// 8 columns), grid x = [`combine_blocks`], no dynamic shared memory.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CombineParams {
