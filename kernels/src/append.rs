@@ -4,6 +4,7 @@
 
 use crate::arch;
 use crate::params::AppendParams;
+use crate::problem::page_slot;
 
 /// Threads per block of the append kernel (grid `(seqlen_new, heads_kv,
 /// batch)`): each copies 16-byte chunks of the row's k and v.
@@ -23,12 +24,8 @@ pub unsafe fn append_kv(params: &AppendParams) {
     let (slot, row) = if params.block_table.is_null() {
         (batch as i64, position as i64)
     } else {
-        core::hint::assert_unchecked(params.page_size != 0);
         let table = params.block_table.offset((batch as i64 * params.block_table_batch_stride) as isize);
-        (
-            arch::ld_global_i32(table.add((position / params.page_size) as usize)) as i64,
-            (position % params.page_size) as i64,
-        )
+        page_slot(table, position, params.page_size)
     };
     let at = |strides: [i64; 3], b: i64, r: i64| (b * strides[0] + r * strides[1] + head * strides[2]) as isize;
     let k_from = params.k_new.offset(at(params.k_new_strides, batch as i64, token as i64));

@@ -10,6 +10,7 @@
 use crate::arch;
 use crate::element::Element;
 use crate::params::CombineParams;
+use crate::problem::packed_sequence;
 
 /// Warps per block of the combine kernel.
 pub const COMBINE_WARPS: u32 = crate::params::COMBINE_WARPS;
@@ -44,8 +45,7 @@ pub unsafe fn combine_splits<E: Element>(params: &CombineParams) {
     let (mut seqlen_q, mut first_token, mut o_batch_offset) =
         (params.seqlen_q, 0i64, batch as i64 * params.o_batch_stride);
     if !params.cu_seqlens_q.is_null() {
-        first_token = arch::ld_global_i32(params.cu_seqlens_q.add(batch as usize)) as i64;
-        seqlen_q = (arch::ld_global_i32(params.cu_seqlens_q.add(batch as usize + 1)) as i64 - first_token) as u32;
+        (first_token, seqlen_q) = packed_sequence(params.cu_seqlens_q, batch);
         o_batch_offset = 0;
     }
     if r >= seqlen_q {

@@ -47,19 +47,17 @@ impl Sequence {
         };
         if GENERAL {
             if !p.cu_seqlens_q.is_null() {
-                let start = arch::ld_global_i32(p.cu_seqlens_q.add(batch as usize));
-                let end = arch::ld_global_i32(p.cu_seqlens_q.add(batch as usize + 1));
-                seq.seqlen_q = (end - start) as u32;
-                seq.q_offset = start as i64 * p.q_row_stride;
-                seq.o_offset = start as i64 * p.o_row_stride;
-                seq.lse_offset += start as i64;
+                let (start, len) = packed_sequence(p.cu_seqlens_q, batch);
+                seq.seqlen_q = len;
+                seq.q_offset = start * p.q_row_stride;
+                seq.o_offset = start * p.o_row_stride;
+                seq.lse_offset += start;
             }
             if !p.cu_seqlens_k.is_null() {
-                let start = arch::ld_global_i32(p.cu_seqlens_k.add(batch as usize));
-                let end = arch::ld_global_i32(p.cu_seqlens_k.add(batch as usize + 1));
-                seq.seqlen_k = (end - start) as u32;
-                seq.k_offset = start as i64 * p.k_row_stride;
-                seq.v_offset = start as i64 * p.v_row_stride;
+                let (start, len) = packed_sequence(p.cu_seqlens_k, batch);
+                seq.seqlen_k = len;
+                seq.k_offset = start * p.k_row_stride;
+                seq.v_offset = start * p.v_row_stride;
             }
             if !p.seqused_k.is_null() {
                 seq.seqlen_k = arch::ld_global_i32(p.seqused_k.add(batch as usize)) as u32;
@@ -81,15 +79,37 @@ impl Sequence {
     #[inline(always)]
     pub unsafe fn key_offsets<const GENERAL: bool>(&self, p: &ForwardParams, first_key: u32) -> (i64, i64) {
         if GENERAL && !self.pages.is_null() {
-            // The host guarantees a page size that is a multiple of block_n.
-            core::hint::assert_unchecked(p.page_size != 0);
-            let page = arch::ld_global_i32(self.pages.add((first_key / p.page_size) as usize)) as i64;
-            let row = (first_key % p.page_size) as i64;
+            let (page, row) = page_slot(self.pages, first_key, p.page_size);
             (page * p.k_batch_stride + row * p.k_row_stride, page * p.v_batch_stride + row * p.v_row_stride)
         } else {
             (first_key as i64 * p.k_row_stride, first_key as i64 * p.v_row_stride)
         }
     }
+}
+
+/// The first token and the length of sequence `batch` of a packed tensor
+/// with offsets `cu_seqlens`.
+///
+/// # Safety
+/// `cu_seqlens` holds at least `batch + 2` offsets.
+#[inline(always)]
+pub unsafe fn packed_sequence(cu_seqlens: *const i32, batch: u32) -> (i64, u32) {
+    let start = arch::ld_global_i32(cu_seqlens.add(batch as usize));
+    let end = arch::ld_global_i32(cu_seqlens.add(batch as usize + 1));
+    (start as i64, (end - start) as u32)
+}
+
+/// The page holding key `position` of a sequence whose block-table row is
+/// `pages`, and the key's row in that page.
+///
+/// # Safety
+/// The table row holds the entry of `position`; `page_size` is not 0 (the
+/// host requires a multiple of [`crate::config::PAGE_MULTIPLE`]).
+#[inline(always)]
+pub unsafe fn page_slot(pages: *const i32, position: u32, page_size: u32) -> (i64, i64) {
+    core::hint::assert_unchecked(page_size != 0);
+    let page = arch::ld_global_i32(pages.add((position / page_size) as usize)) as i64;
+    (page, (position % page_size) as i64)
 }
 
 /// Which keys each query row sees: key `j` from row `i` when

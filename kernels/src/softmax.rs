@@ -102,22 +102,12 @@ impl ScoreMask {
         first_key: i32,
         lane: u32,
     ) {
-        let lane_row = (lane / 4) as i32;
-        let lane_key = first_key + 2 * (lane % 4) as i32;
-        for (m, s_m) in s.iter_mut().enumerate() {
-            for half in 0..2 {
-                let row = self.first_row + lane_row + (m as i32) * 16 + (half as i32) * 8;
-                let (key_begin, key_end) = self.visibility.keys_of_row(row);
-                for (n, tile) in s_m.iter_mut().enumerate() {
-                    for c in 0..2 {
-                        let key = lane_key + (n as i32) * 8 + c as i32;
-                        if key >= key_end || key < key_begin {
-                            tile[2 * half + c] = f32::NEG_INFINITY;
-                        }
-                    }
-                }
+        for_each_score(s, self.first_row, first_key, lane, |score, row, key| {
+            let (key_begin, key_end) = self.visibility.keys_of_row(row);
+            if key >= key_end || key < key_begin {
+                *score = f32::NEG_INFINITY;
             }
-        }
+        });
     }
 }
 
@@ -173,17 +163,33 @@ impl ScoreModifiers {
             }
         }
         if self.alibi_slope_log2 != 0.0 {
-            let lane_row = (lane / 4) as i32;
-            let lane_key = first_key + 2 * (lane % 4) as i32;
-            for (m, s_m) in s.iter_mut().enumerate() {
-                for half in 0..2 {
-                    let aligned = self.first_row + lane_row + (m as i32) * 16 + (half as i32) * 8 + self.diagonal;
-                    for (n, tile) in s_m.iter_mut().enumerate() {
-                        for c in 0..2 {
-                            let distance = (aligned - (lane_key + (n as i32) * 8 + c as i32)).unsigned_abs();
-                            tile[2 * half + c] -= self.alibi_slope_log2 * distance as f32;
-                        }
-                    }
+            for_each_score(s, self.first_row, first_key, lane, |score, row, key| {
+                *score -= self.alibi_slope_log2 * (row + self.diagonal - key).unsigned_abs() as f32;
+            });
+        }
+    }
+}
+
+/// Calls `f(score, row, key)` on each of the lane's scores of the key block
+/// at `first_key`, for a warp whose first row is `first_row`: in the
+/// m16n8 C fragment a lane holds rows `lane / 4` and `lane / 4 + 8` of each
+/// m-tile, keys `2 (lane % 4)` and `2 (lane % 4) + 1` of each n-tile.
+#[inline(always)]
+fn for_each_score<const M_TILES: usize, const N_TILES: usize>(
+    s: &mut Accumulators<M_TILES, N_TILES>,
+    first_row: i32,
+    first_key: i32,
+    lane: u32,
+    mut f: impl FnMut(&mut f32, i32, i32),
+) {
+    let lane_row = first_row + (lane / 4) as i32;
+    let lane_key = first_key + 2 * (lane % 4) as i32;
+    for (m, s_m) in s.iter_mut().enumerate() {
+        for half in 0..2 {
+            let row = lane_row + (m as i32) * 16 + (half as i32) * 8;
+            for (n, tile) in s_m.iter_mut().enumerate() {
+                for c in 0..2 {
+                    f(&mut tile[2 * half + c], row, lane_key + (n as i32) * 8 + c as i32);
                 }
             }
         }
