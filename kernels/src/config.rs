@@ -23,6 +23,9 @@ pub struct TileConfig {
     /// Keep each warp's Q fragments in registers for the whole key loop
     /// (else re-read them from shared memory at every k-step).
     pub q_in_registers: bool,
+    /// Shared-memory stages of each of K and V: the key loop keeps up to
+    /// `stages - 1` key blocks in flight ahead of the one it computes.
+    pub stages: u32,
 }
 
 impl TileConfig {
@@ -30,14 +33,15 @@ impl TileConfig {
         self.warps * 32
     }
 
-    /// Dynamic shared memory: the Q tile (reused to stage O) and two stages
-    /// each of K and V.
+    /// Dynamic shared memory: the Q tile (reused to stage O) and `stages`
+    /// stages each of K and V.
     pub const fn smem_bytes(&self) -> u32 {
-        (self.block_m + 4 * self.block_n) * smem_row_bytes(self.head_dim)
+        (self.block_m + 2 * self.stages * self.block_n) * smem_row_bytes(self.head_dim)
     }
 
+    /// A shape with two stages each of K and V.
     const fn new(head_dim: u32, warps: u32, m_tiles: u32, block_n: u32, q_in_registers: bool) -> Self {
-        Self { head_dim, block_m: warps * 16 * m_tiles, block_n, warps, m_tiles, q_in_registers }
+        Self { head_dim, block_m: warps * 16 * m_tiles, block_n, warps, m_tiles, q_in_registers, stages: 2 }
     }
 }
 
@@ -59,13 +63,13 @@ pub const HEAD_DIM_96: TileConfig = TileConfig::new(96, 4, 2, 32, true);
 pub const HEAD_DIM_128: TileConfig = TileConfig::new(128, 4, 2, 32, false);
 /// Head dim 160.
 pub const HEAD_DIM_160: TileConfig = TileConfig::new(160, 8, 1, 64, false);
-/// Head dim 192.
-pub const HEAD_DIM_192: TileConfig = TileConfig::new(192, 8, 1, 64, false);
-/// Head dim 224: 32-key blocks, to stay within sm_80's shared memory.
-pub const HEAD_DIM_224: TileConfig = TileConfig::new(224, 8, 1, 32, false);
-/// Head dim 256: 4 warps of 16 rows and 32-key blocks, so two blocks fit an
-/// SM (12% faster than one block of 8 warps, TUNING.md step 9).
-pub const HEAD_DIM_256: TileConfig = TileConfig::new(256, 4, 1, 32, false);
+/// Head dim 192: one K/V stage (TUNING.md step 13).
+pub const HEAD_DIM_192: TileConfig = TileConfig { stages: 1, ..TileConfig::new(192, 8, 1, 64, false) };
+/// Head dim 224: one K/V stage (TUNING.md step 13; 64-key blocks spill).
+pub const HEAD_DIM_224: TileConfig = TileConfig { stages: 1, ..TileConfig::new(224, 8, 1, 32, false) };
+/// Head dim 256: 64-key blocks in one K/V stage (TUNING.md step 13; two
+/// blocks of 4 warps and 32-key blocks in two stages were 8-11% slower).
+pub const HEAD_DIM_256: TileConfig = TileConfig { stages: 1, ..TileConfig::new(256, 8, 1, 64, false) };
 
 /// Every head dim with kernels.
 pub const HEAD_DIMS: [u32; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
@@ -88,10 +92,16 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 /// The tile config of the general kernels (`flash_fwd_d*_general`) for
 /// `head_dim`: the dense kernels' shape and launch geometry, but with Q
 /// re-read from shared memory where the features' extra registers would
-/// not fit beside Q's fragments (d=96 spills otherwise).
+/// not fit beside Q's fragments (d=96 spills otherwise), and in two
+/// stages at d=192.
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
-        Some(dense) => Some(TileConfig { q_in_registers: dense.q_in_registers && head_dim != 96, ..dense }),
+        Some(dense) => Some(TileConfig {
+            q_in_registers: dense.q_in_registers && head_dim != 96,
+            // d=192's one-stage loop spills beside the features' registers.
+            stages: if head_dim == 192 { 2 } else { dense.stages },
+            ..dense
+        }),
         None => None,
     }
 }
@@ -100,12 +110,28 @@ pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
 /// `head_dim`: one warp of 16 query rows per block, for a few queries
 /// against many keys. Small blocks keep the tensor-core work per key low, so
 /// that reading K and V bounds the time; split-KV supplies the parallelism.
+/// Enough stages for [`DECODE_KEYS_IN_FLIGHT`] keys, so that a split of a few
+/// blocks is in flight at once and waits about one memory latency, not one
+/// per key block.
 pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
-        Some(prefill) => Some(TileConfig::new(head_dim, 1, 1, prefill.block_n, head_dim <= 128)),
+        Some(prefill) => {
+            // From d=224 a 64-key S tile beside one warp's O accumulators spills.
+            let block_n = if head_dim > 192 && prefill.block_n > 32 { 32 } else { prefill.block_n };
+            let stages = DECODE_KEYS_IN_FLIGHT / block_n;
+            Some(TileConfig {
+                stages: if stages > 2 { stages } else { 2 },
+                ..TileConfig::new(head_dim, 1, 1, block_n, head_dim <= 128)
+            })
+        }
         None => None,
     }
 }
+
+/// Keys of K and V the decode kernels keep in shared memory: four stages of
+/// 32-key blocks (TUNING.md step 12), two of 64-key blocks (more would not
+/// fit sm_80's shared memory at d=160 and 192).
+pub const DECODE_KEYS_IN_FLIGHT: u32 = 128;
 
 /// The key block every page of a paged KV cache must be a multiple of: a
 /// multiple of every kernel's `block_n`.

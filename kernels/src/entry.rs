@@ -97,6 +97,7 @@ macro_rules! forward_kernels {
             { C.warps as usize },
             { C.m_tiles as usize },
             { C.q_in_registers },
+            { C.stages as usize },
         >($params)
     }};
 }

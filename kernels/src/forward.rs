@@ -1,11 +1,13 @@
 //! The FlashAttention-2 forward kernel body.
 //!
 //! One block computes `block_m` query rows of one (batch, head): it streams
-//! the key/value blocks it sees ([`crate::problem`]) through two
+//! the key/value blocks it sees ([`crate::problem`]) through `STAGES`
 //! shared-memory stages each, from the last block to the first (so the
 //! masked blocks come first), keeping O, the scores and the softmax state of
-//! its rows in registers. The loads of the next K and V tiles are issued at
-//! the top of each step and overlap its whole Q K^T, softmax and P V.
+//! its rows in registers. With two or more stages, the loads of K and V
+//! `STAGES - 1` blocks ahead are issued at the top of each step and overlap
+//! at least its whole Q K^T, softmax and P V; with one, each of K and V
+//! loads while the other is in use (the key loop below).
 
 use crate::arch;
 use crate::element::Element;
@@ -13,7 +15,7 @@ use crate::epilogue::{self, OutputRows};
 use crate::layout::SmemTile;
 use crate::mma;
 use crate::params::ForwardParams;
-use crate::pipeline::load_tile_async;
+use crate::pipeline::{cp_async_wait_pending, load_tile_async};
 use crate::problem::{split_key_blocks, Sequence, Visibility};
 use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
 
@@ -23,7 +25,8 @@ use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
 /// ALiBi, split-KV); the others are the dense kernels, causal or not.
 /// The derived shape parameters must agree (`HEAD_DIM_16 = HEAD_DIM / 16`,
 /// `DIM_TILES = HEAD_DIM / 8`, `N_TILES = BLOCK_N / 8`,
-/// `N_STEPS = BLOCK_N / 16`); they are asserted at compile time.
+/// `N_STEPS = BLOCK_N / 16`); they are asserted at compile time. `STAGES`
+/// is 1 to 4.
 ///
 /// # Safety
 /// `params` must describe tensors the host validated for this instance, and
@@ -44,6 +47,7 @@ pub unsafe fn flash_forward<
     const WARPS: usize,
     const M_TILES: usize,
     const Q_IN_REGISTERS: bool,
+    const STAGES: usize,
 >(
     params: &ForwardParams,
 ) {
@@ -51,6 +55,7 @@ pub unsafe fn flash_forward<
         assert!(HEAD_DIM_16 * 16 == HEAD_DIM && DIM_TILES * 8 == HEAD_DIM);
         assert!(N_TILES * 8 == BLOCK_N && N_STEPS * 16 == BLOCK_N);
         assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
+        assert!(STAGES >= 1 && STAGES <= 4);
     }
     let threads = (WARPS * 32) as u32;
     let block_m = (WARPS * 16 * M_TILES) as u32;
@@ -95,14 +100,15 @@ pub unsafe fn flash_forward<
     let k = params.k.offset((seq.k_offset + kv_head as i64 * params.k_head_stride) as isize);
     let v = params.v.offset((seq.v_offset + kv_head as i64 * params.v_head_stride) as isize);
 
-    // Shared memory: Q (later the O staging tile), K stages 0/1, V stages 0/1.
+    // Shared memory: Q (later the O staging tile), the K stages, the V stages.
     let smem = arch::dynamic_smem_base();
     let q_tile = SmemTile::<HEAD_DIM>::at(smem);
+    let stages = STAGES as u32;
     // Stage addresses are computed, not indexed from an array, so that no
     // array of them lands in local memory.
     let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + stage * block_n));
-    let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + (2 + stage) * block_n));
-    // Loads key block `n` of k (`KEYS`) or v into `tile`.
+    let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + (stages + stage) * block_n));
+    // Loads key block `n` of k (`keys`) or v into `tile`, one copy group.
     let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool| {
         let first_key = n * block_n;
         let (k_offset, v_offset) = seq.key_offsets::<GENERAL>(params, first_key);
@@ -119,13 +125,35 @@ pub unsafe fn flash_forward<
         );
         arch::cp_async_commit();
     };
+    // K and V of the block `ahead` blocks after (in loop order) the first
+    // one, into `stage`. Past the last block, deeper pipelines commit two
+    // empty groups instead, so that every step counts the same groups in
+    // flight; two stages need not (their last step waits for all).
+    let prefetch = |stage: u32, ahead: u32| {
+        if ahead < n_end - n_begin {
+            load_key_block(k_tile(stage), n_end - 1 - ahead, true);
+            load_key_block(v_tile(stage), n_end - 1 - ahead, false);
+        } else if STAGES > 2 {
+            arch::cp_async_commit();
+            arch::cp_async_commit();
+        }
+    };
 
+    // Prologue: Q, then blocks n_end - 1 .. n_end - (STAGES - 1) into stages
+    // 0 .. STAGES - 2 (one stage: K of the first block); wait for Q only.
     load_tile_async::<HEAD_DIM>(q_tile, block_m, q, params.q_row_stride, rows_in_block, tid, threads);
     arch::cp_async_commit();
-    if n_end > n_begin {
-        load_key_block(k_tile(0), n_end - 1, true);
-        load_key_block(v_tile(0), n_end - 1, false);
-        arch::cp_async_wait::<2>(); // Q has landed; K and V may be in flight.
+    if STAGES == 1 {
+        if n_end > n_begin {
+            load_key_block(k_tile(0), n_end - 1, true);
+        }
+    } else {
+        for stage in 0..stages - 1 {
+            prefetch(stage, stage);
+        }
+    }
+    if STAGES > 2 || n_end > n_begin {
+        cp_async_wait_pending(if STAGES == 1 { 1 } else { 2 * (STAGES - 1) });
     } else {
         arch::cp_async_wait::<0>();
     }
@@ -151,21 +179,33 @@ pub unsafe fn flash_forward<
     let mut softmax = OnlineSoftmax::<M_TILES>::new();
     let mut o = [[[0f32; 4]; DIM_TILES]; M_TILES];
 
-    // Copy groups in flight at the top of step n: K[n], V[n]. Each step
-    // first waits for K[n], then (after the barrier, when every warp is done
-    // with stage 1 - s) starts K[n - 1] and V[n - 1], so that each block's
-    // copies have a whole step to land.
+    // The pipeline, by stage count:
+    // - one (FlashAttention-2's): V[n] loads during Q K^T and the softmax,
+    //   K[n - 1] during P V; two waits and two barriers per step.
+    // - two or more: the groups in flight at the top of step n are K and V
+    //   of blocks n down to n - (STAGES - 2). The top barrier says every
+    //   warp is done with the stage of block n + 1, which then takes block
+    //   n - (STAGES - 1). Two stages wait for K[n] only at the top, then for
+    //   V[n] before P V, so that each block's copies have a whole step to
+    //   land; more stages wait for both at the top, one barrier per step.
     for step in 0..n_end - n_begin {
         let n = n_end - 1 - step;
-        let stage = step % 2;
+        let (stage, next_stage) = match STAGES {
+            1 => (0, 0),
+            2 => (step % 2, 1 - step % 2),
+            _ => (step % stages, (step + stages - 1) % stages),
+        };
         let last = n == n_begin;
-        arch::cp_async_wait::<1>(); // K[n] has landed; V[n] may be in flight.
+        cp_async_wait_pending(match STAGES {
+            1 => 0,
+            2 => 1,
+            _ => 2 * (STAGES - 2),
+        });
         arch::sync_threads();
-        if !last {
-            // Stage 1 - s held K[n + 1] and V[n + 1], which every warp
-            // finished reading before the barrier above.
-            load_key_block(k_tile(1 - stage), n - 1, true);
-            load_key_block(v_tile(1 - stage), n - 1, false);
+        if STAGES == 1 {
+            load_key_block(v_tile(0), n, false);
+        } else {
+            prefetch(next_stage, step + stages - 1);
         }
 
         let mut s =
@@ -180,12 +220,20 @@ pub unsafe fn flash_forward<
         softmax.update(&mut s, &mut o, scale_log2);
         let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
 
-        if !last {
-            arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
-        } else {
-            arch::cp_async_wait::<0>();
+        if STAGES == 1 {
+            arch::cp_async_wait::<0>(); // V[n] has landed
+            arch::sync_threads(); // and every warp is done with K[n].
+            if !last {
+                load_key_block(k_tile(0), n - 1, true);
+            }
+        } else if STAGES == 2 {
+            if !last {
+                arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
+            } else {
+                arch::cp_async_wait::<0>();
+            }
+            arch::sync_threads();
         }
-        arch::sync_threads();
         mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
     }
 

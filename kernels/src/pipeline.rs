@@ -4,6 +4,23 @@
 use crate::arch;
 use crate::layout::SmemTile;
 
+/// `cp.async.wait_group pending`, for a `pending` that is a constant after
+/// inlining (the instruction takes an immediate). Counts above 6 wait for
+/// every group, which is slower but never early.
+#[inline(always)]
+pub fn cp_async_wait_pending(pending: usize) {
+    match pending {
+        0 => arch::cp_async_wait::<0>(),
+        1 => arch::cp_async_wait::<1>(),
+        2 => arch::cp_async_wait::<2>(),
+        3 => arch::cp_async_wait::<3>(),
+        4 => arch::cp_async_wait::<4>(),
+        5 => arch::cp_async_wait::<5>(),
+        6 => arch::cp_async_wait::<6>(),
+        _ => arch::cp_async_wait::<0>(),
+    }
+}
+
 /// Issues the copies of a `[rows, HEAD_DIM]` tile whose first row is at
 /// `src` (rows `row_stride` elements apart) into `tile`. Rows at or past
 /// `valid_rows` are zero-filled without reading global memory. The caller
