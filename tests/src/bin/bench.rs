@@ -17,11 +17,13 @@
 //! L2 is flushed before every timed call.
 //!
 //! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]
-//! [--decode-only | --no-decode]`: prints tables and writes one JSON object
+//! [--decode-only | --no-decode] [--decode-batches B,B..] [--decode-caches
+//! C,C..] [--decode-splits N]`: prints tables and writes one JSON object
 //! per row to FILE (for scripts/bench_torch.py, which adds torch's figures
 //! and writes the tables as markdown). Head dims other than 64 and 128 use
 //! 2048 / d heads rounded down (hidden close to 2048). Choosing head dims
-//! or seqlens selects prefill rows only (no decode rows).
+//! or seqlens selects prefill rows only (no decode rows). `--decode-splits`
+//! overrides the split-KV heuristic (for tuning it).
 
 use std::io::Write;
 
@@ -213,6 +215,7 @@ fn decode_rows(
     attention: &FlashAttention,
     batches: &[usize],
     caches: &[usize],
+    num_splits: Option<usize>,
     reps: usize,
     stream: &Stream,
 ) -> Result<Vec<DecodeRow>, Box<dyn std::error::Error>> {
@@ -240,7 +243,7 @@ fn decode_rows(
         unsafe { (DeviceBuffer::<u8>::zeroed(L2_FLUSH_BYTES)?, DeviceBuffer::<u8>::uninitialized(L2_FLUSH_BYTES)?) };
     let flush = (flush.0.as_device_ptr().as_raw(), flush.1.as_device_ptr().as_raw());
     let mut workspace = Workspace::new();
-    let params = AttentionParams { causal: true, ..Default::default() };
+    let params = AttentionParams { causal: true, num_splits, ..Default::default() };
     let mut rows = Vec::new();
     for (i, &(batch, cache)) in shapes.iter().enumerate() {
         eprintln!("decode [{}/{}]: batch {batch}, cache {cache}", i + 1, shapes.len());
@@ -359,7 +362,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             (vec![1, 4, 16, 64], vec![1024, 4096, 8192, 16384, 65536])
         };
-        let rows = decode_rows(&attention, &batches, &caches, reps, &stream)?;
+        let batches = list("--decode-batches").unwrap_or(batches);
+        let caches = list("--decode-caches").unwrap_or(caches);
+        let num_splits = list("--decode-splits").map(|n| n[0]);
+        let rows = decode_rows(&attention, &batches, &caches, num_splits, reps, &stream)?;
         let (heads_q, heads_kv) = DECODE_HEADS;
         println!(
             "decode: f16, seqlen_q 1, heads {heads_q}:{heads_kv}, d {DECODE_HEAD_DIM}, causal; \
