@@ -110,28 +110,20 @@ pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
 /// `head_dim`: one warp of 16 query rows per block, for a few queries
 /// against many keys. Small blocks keep the tensor-core work per key low, so
 /// that reading K and V bounds the time; split-KV supplies the parallelism.
-/// Enough stages for [`DECODE_KEYS_IN_FLIGHT`] keys, so that a split of a few
-/// blocks is in flight at once and waits about one memory latency, not one
-/// per key block.
+/// 128 keys of K and V in flight, so that a split of a few blocks waits
+/// about one memory latency, not one per block (TUNING.md step 12): 4
+/// stages of 32-key blocks, or 2 of 64 where the prefill shape has 64-key
+/// blocks (more would not fit sm_80's shared memory at d=160 and 192). From
+/// d=224 a 64-key S tile beside one warp's O accumulators spills, so d=256
+/// takes 32-key blocks.
 pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
-    match tile_config(head_dim) {
-        Some(prefill) => {
-            // From d=224 a 64-key S tile beside one warp's O accumulators spills.
-            let block_n = if head_dim > 192 && prefill.block_n > 32 { 32 } else { prefill.block_n };
-            let stages = DECODE_KEYS_IN_FLIGHT / block_n;
-            Some(TileConfig {
-                stages: if stages > 2 { stages } else { 2 },
-                ..TileConfig::new(head_dim, 1, 1, block_n, head_dim <= 128)
-            })
-        }
-        None => None,
-    }
+    let (block_n, stages) = match head_dim {
+        32 | 64 | 160 | 192 => (64, 2),
+        96 | 128 | 224 | 256 => (32, 4),
+        _ => return None,
+    };
+    Some(TileConfig { stages, ..TileConfig::new(head_dim, 1, 1, block_n, head_dim <= 128) })
 }
-
-/// Keys of K and V the decode kernels keep in shared memory: four stages of
-/// 32-key blocks (TUNING.md step 12), two of 64-key blocks (more would not
-/// fit sm_80's shared memory at d=160 and 192).
-pub const DECODE_KEYS_IN_FLIGHT: u32 = 128;
 
 /// The key block every page of a paged KV cache must be a multiple of: a
 /// multiple of every kernel's `block_n`.
