@@ -364,7 +364,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let batches = list("--decode-batches").unwrap_or(batches);
         let caches = list("--decode-caches").unwrap_or(caches);
-        let num_splits = list("--decode-splits").map(|n| n[0]);
+        let num_splits = match list("--decode-splits").as_deref() {
+            None => None,
+            Some(&[splits]) => Some(splits),
+            Some(_) => return Err("--decode-splits takes one number".into()),
+        };
         let rows = decode_rows(&attention, &batches, &caches, num_splits, reps, &stream)?;
         let (heads_q, heads_kv) = DECODE_HEADS;
         println!(
