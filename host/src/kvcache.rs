@@ -421,14 +421,9 @@ pub(crate) fn validate_kvcache(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::Layout;
+    use crate::validate::contiguous_tensor;
 
     const MIB: u64 = 1 << 20;
-
-    fn tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
-        let layout = Layout::contiguous(shape);
-        Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
-    }
 
     struct Call {
         q: Placed,
@@ -446,11 +441,11 @@ mod tests {
         /// Batch 3, one query of 8 heads over a dense cache of 1000 slots and 2 KV heads.
         fn dense() -> Self {
             Call {
-                q: tensor("q", [3, 1, 8, 128], 0),
-                k: tensor("k_cache", [3, 1000, 2, 128], 16 * MIB),
-                v: tensor("v_cache", [3, 1000, 2, 128], 32 * MIB),
+                q: contiguous_tensor("q", [3, 1, 8, 128], 0),
+                k: contiguous_tensor("k_cache", [3, 1000, 2, 128], 16 * MIB),
+                v: contiguous_tensor("v_cache", [3, 1000, 2, 128], 32 * MIB),
                 new: None,
-                o: tensor("o", [3, 1, 8, 128], 48 * MIB),
+                o: contiguous_tensor("o", [3, 1, 8, 128], 48 * MIB),
                 lse_len: 3 * 8,
                 seqlens: vec![0, 999, 500],
                 table: None,
@@ -461,8 +456,8 @@ mod tests {
         /// The same batch over 10 pages of 128 slots, 4 pages per sequence.
         fn paged() -> Self {
             Call {
-                k: tensor("k_cache", [10, 128, 2, 128], 16 * MIB),
-                v: tensor("v_cache", [10, 128, 2, 128], 32 * MIB),
+                k: contiguous_tensor("k_cache", [10, 128, 2, 128], 16 * MIB),
+                v: contiguous_tensor("v_cache", [10, 128, 2, 128], 32 * MIB),
                 seqlens: vec![0, 300, 500],
                 table: Some((vec![6, -1, -1, -1, 9, 2, 5, -1, 0, 1, 3, 4], 4)),
                 ..Call::dense()
@@ -472,7 +467,7 @@ mod tests {
         /// Appends `seqlen_new` tokens.
         fn appending(mut self, seqlen_new: usize) -> Self {
             let shape = [3, seqlen_new, 2, 128];
-            self.new = Some((tensor("k_new", shape, 80 * MIB), tensor("v_new", shape, 96 * MIB)));
+            self.new = Some((contiguous_tensor("k_new", shape, 80 * MIB), contiguous_tensor("v_new", shape, 96 * MIB)));
             self
         }
 
@@ -557,11 +552,11 @@ mod tests {
         call.seqlens.pop();
         assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("cache_seqlens holds 2")));
         let mut call = Call::dense();
-        call.k = tensor("k_cache", [2, 1000, 2, 128], 16 * MIB);
-        call.v = tensor("v_cache", [2, 1000, 2, 128], 32 * MIB);
+        call.k = contiguous_tensor("k_cache", [2, 1000, 2, 128], 16 * MIB);
+        call.v = contiguous_tensor("v_cache", [2, 1000, 2, 128], 32 * MIB);
         assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("block table")));
         let mut call = Call::dense().appending(1);
-        call.new.as_mut().unwrap().1 = tensor("v_new", [3, 2, 2, 128], 96 * MIB);
+        call.new.as_mut().unwrap().1 = contiguous_tensor("v_new", [3, 2, 2, 128], 96 * MIB);
         assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("v_new")));
         let mut call = Call::dense();
         call.seqlens[0] = -4;
@@ -581,8 +576,8 @@ mod tests {
     #[test]
     fn pages_must_be_multiples_of_64_slots() {
         let mut call = Call::paged();
-        call.k = tensor("k_cache", [10, 96, 2, 128], 16 * MIB);
-        call.v = tensor("v_cache", [10, 96, 2, 128], 32 * MIB);
+        call.k = contiguous_tensor("k_cache", [10, 96, 2, 128], 16 * MIB);
+        call.v = contiguous_tensor("v_cache", [10, 96, 2, 128], 32 * MIB);
         assert_eq!(call.run().unwrap_err(), Error::InvalidPageSize { page_size: 96, multiple: 64 });
     }
 

@@ -362,6 +362,14 @@ pub fn validate(
     Ok((args, problem))
 }
 
+/// A valid contiguous tensor of `shape` at a made-up address, with an
+/// exact-size buffer, for validation tests.
+#[cfg(test)]
+pub(crate) fn contiguous_tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
+    let layout = Layout::contiguous(shape);
+    Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
+}
+
 /// A device slice at a made-up address, for validation tests (never dereferenced).
 #[cfg(test)]
 pub(crate) fn device_slice<T: cust::memory::DeviceCopy>(addr: u64, len: usize) -> DeviceSlice<T> {
@@ -373,12 +381,6 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
-
-    /// A valid contiguous tensor of `shape` at `addr`, with an exact-size buffer.
-    fn tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
-        let layout = Layout::contiguous(shape);
-        Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
-    }
 
     struct Call<'a> {
         q: Placed,
@@ -394,10 +396,10 @@ mod tests {
         /// q [2, 100, 8, d], k/v [2, 37, 2, d] (GQA 4:1), at disjoint addresses.
         fn new(head_dim: usize) -> Self {
             Call {
-                q: tensor("q", [2, 100, 8, head_dim], 0),
-                k: tensor("k", [2, 37, 2, head_dim], 16 * MIB),
-                v: tensor("v", [2, 37, 2, head_dim], 32 * MIB),
-                o: tensor("o", [2, 100, 8, head_dim], 48 * MIB),
+                q: contiguous_tensor("q", [2, 100, 8, head_dim], 0),
+                k: contiguous_tensor("k", [2, 37, 2, head_dim], 16 * MIB),
+                v: contiguous_tensor("v", [2, 37, 2, head_dim], 32 * MIB),
+                o: contiguous_tensor("o", [2, 100, 8, head_dim], 48 * MIB),
                 lse_addr: 64 * MIB,
                 lse_len: 2 * 8 * 100,
                 params: AttentionParams::default(),
@@ -449,22 +451,22 @@ mod tests {
     #[test]
     fn rejects_empty_tensors() {
         let mut call = Call::new(64);
-        call.k = tensor("k", [2, 0, 2, 64], 16 * MIB);
-        call.v = tensor("v", [2, 0, 2, 64], 32 * MIB);
+        call.k = contiguous_tensor("k", [2, 0, 2, 64], 16 * MIB);
+        call.v = contiguous_tensor("v", [2, 0, 2, 64], 32 * MIB);
         assert_eq!(call.run().unwrap_err(), Error::EmptyTensor { tensor: "k" });
     }
 
     #[test]
     fn rejects_mismatched_shapes() {
         let mut call = Call::new(64);
-        call.v = tensor("v", [2, 38, 2, 64], 32 * MIB);
+        call.v = contiguous_tensor("v", [2, 38, 2, 64], 32 * MIB);
         assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("v is")));
         let mut call = Call::new(64);
-        call.k = tensor("k", [3, 37, 2, 64], 16 * MIB);
-        call.v = tensor("v", [3, 37, 2, 64], 32 * MIB);
+        call.k = contiguous_tensor("k", [3, 37, 2, 64], 16 * MIB);
+        call.v = contiguous_tensor("v", [3, 37, 2, 64], 32 * MIB);
         assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("batch and head_dim")));
         let mut call = Call::new(64);
-        call.o = tensor("o", [2, 99, 8, 64], 48 * MIB);
+        call.o = contiguous_tensor("o", [2, 99, 8, 64], 48 * MIB);
         assert!(matches!(call.run().unwrap_err(), Error::ShapeMismatch(m) if m.contains("o is")));
         let mut call = Call::new(64);
         call.lse_len -= 1;
@@ -474,8 +476,8 @@ mod tests {
     #[test]
     fn rejects_heads_not_divisible() {
         let mut call = Call::new(64);
-        call.k = tensor("k", [2, 37, 3, 64], 16 * MIB);
-        call.v = tensor("v", [2, 37, 3, 64], 32 * MIB);
+        call.k = contiguous_tensor("k", [2, 37, 3, 64], 16 * MIB);
+        call.v = contiguous_tensor("v", [2, 37, 3, 64], 32 * MIB);
         assert_eq!(call.run().unwrap_err(), Error::HeadsNotDivisible { heads_q: 8, heads_kv: 3 });
     }
 

@@ -203,13 +203,12 @@ pub(crate) fn validate_varlen(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::{device_slice, Layout};
+    use crate::validate::{contiguous_tensor, device_slice, Layout};
 
     const MIB: u64 = 1 << 20;
 
     fn packed(name: &'static str, tokens: usize, heads: usize, d: usize, addr: u64) -> Placed {
-        let layout = Layout::contiguous([1, tokens, heads, d]);
-        Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
+        contiguous_tensor(name, [1, tokens, heads, d], addr)
     }
 
     struct Call<'a> {
