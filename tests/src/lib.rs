@@ -328,3 +328,21 @@ pub fn assert_deterministic<T: TestElement>(attention: &FlashAttention, case: &C
     assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()), "{case:?}: O differs between two runs");
     assert!(lse1.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits()), "{case:?}: LSE differs between two runs");
 }
+
+/// Declares one `#[test]` per element type, `$f16` and `$bf16`, each calling
+/// `$run::<T>` with its own name (which its SKIPPED line and failures quote)
+/// followed by `$arg`s.
+#[macro_export]
+macro_rules! f16_and_bf16_tests {
+    ($f16:ident, $bf16:ident: $run:ident($($arg:expr),* $(,)?)) => {
+        #[test]
+        fn $f16() {
+            $run::<::flash_attn::f16>(stringify!($f16) $(, $arg)*);
+        }
+
+        #[test]
+        fn $bf16() {
+            $run::<::flash_attn::bf16>(stringify!($bf16) $(, $arg)*);
+        }
+    };
+}

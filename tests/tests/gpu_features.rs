@@ -13,8 +13,8 @@ use flash_attn::{
     TensorMut, Workspace,
 };
 use flash_attn_tests::{
-    check_against, download, gather, gpu, poisoned, random_tensor, random_values, upload, CaseResult, HostTensor,
-    Placement, TestElement,
+    check_against, download, f16_and_bf16_tests, gather, gpu, poisoned, random_tensor, random_values, upload,
+    CaseResult, HostTensor, Placement, TestElement,
 };
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -252,25 +252,9 @@ fn run_dense_cases<T: TestElement>(test: &str, cases: impl Fn(usize) -> Vec<Dens
     }
 }
 
-#[test]
-fn f16_windows() {
-    run_dense_cases::<f16>("f16_windows", window_cases, &[64, 128]);
-}
+f16_and_bf16_tests!(f16_windows, bf16_windows: run_dense_cases(window_cases, &[64, 128]));
 
-#[test]
-fn bf16_windows() {
-    run_dense_cases::<bf16>("bf16_windows", window_cases, &[64, 128]);
-}
-
-#[test]
-fn f16_softcap_and_alibi() {
-    run_dense_cases::<f16>("f16_softcap_and_alibi", softcap_alibi_cases, &[64, 128]);
-}
-
-#[test]
-fn bf16_softcap_and_alibi() {
-    run_dense_cases::<bf16>("bf16_softcap_and_alibi", softcap_alibi_cases, &[64, 128]);
-}
+f16_and_bf16_tests!(f16_softcap_and_alibi, bf16_softcap_and_alibi: run_dense_cases(softcap_alibi_cases, &[64, 128]));
 
 fn run_splits<T: TestElement>(test: &str) {
     let Some((_context, attention)) = gpu(test) else { return };
@@ -283,15 +267,7 @@ fn run_splits<T: TestElement>(test: &str) {
     }
 }
 
-#[test]
-fn f16_split_kv_forced_and_automatic() {
-    run_splits::<f16>("f16_split_kv_forced_and_automatic");
-}
-
-#[test]
-fn bf16_split_kv_forced_and_automatic() {
-    run_splits::<bf16>("bf16_split_kv_forced_and_automatic");
-}
+f16_and_bf16_tests!(f16_split_kv_forced_and_automatic, bf16_split_kv_forced_and_automatic: run_splits());
 
 /// `forward` (allocating) on decode shapes: the automatic split and the
 /// GQA decode layout behind the plain dense API.
@@ -421,15 +397,7 @@ fn run_varlen_cases<T: TestElement>(test: &str) {
     run_varlen::<T>(test, &attention, &varlen_cases(128)[1], true);
 }
 
-#[test]
-fn f16_variable_length() {
-    run_varlen_cases::<f16>("f16_variable_length");
-}
-
-#[test]
-fn bf16_variable_length() {
-    run_varlen_cases::<bf16>("bf16_variable_length");
-}
+f16_and_bf16_tests!(f16_variable_length, bf16_variable_length: run_varlen_cases());
 
 // ---- KV caches. ----
 
@@ -706,25 +674,9 @@ fn run_cache_cases<T: TestElement>(test: &str, cases: fn(usize) -> Vec<CacheCase
     run_cache::<T>(test, &attention, &cases(128)[0], true, &mut workspace);
 }
 
-#[test]
-fn f16_dense_kv_cache() {
-    run_cache_cases::<f16>("f16_dense_kv_cache", dense_cache_cases);
-}
+f16_and_bf16_tests!(f16_dense_kv_cache, bf16_dense_kv_cache: run_cache_cases(dense_cache_cases));
 
-#[test]
-fn bf16_dense_kv_cache() {
-    run_cache_cases::<bf16>("bf16_dense_kv_cache", dense_cache_cases);
-}
-
-#[test]
-fn f16_paged_kv_cache() {
-    run_cache_cases::<f16>("f16_paged_kv_cache", paged_cache_cases);
-}
-
-#[test]
-fn bf16_paged_kv_cache() {
-    run_cache_cases::<bf16>("bf16_paged_kv_cache", paged_cache_cases);
-}
+f16_and_bf16_tests!(f16_paged_kv_cache, bf16_paged_kv_cache: run_cache_cases(paged_cache_cases));
 
 /// Cache slots past each batch's keys (and, paged, the pages past its last
 /// one, whose table entries are -1) hold NaN: none may reach the result.
@@ -768,12 +720,4 @@ fn run_other_head_dims<T: TestElement>(test: &str) {
     }
 }
 
-#[test]
-fn f16_other_head_dims() {
-    run_other_head_dims::<f16>("f16_other_head_dims");
-}
-
-#[test]
-fn bf16_other_head_dims() {
-    run_other_head_dims::<bf16>("bf16_other_head_dims");
-}
+f16_and_bf16_tests!(f16_other_head_dims, bf16_other_head_dims: run_other_head_dims());

@@ -3,7 +3,7 @@
 //! every head dim and strided layouts. Skipped, saying why, without a GPU.
 
 use flash_attn::{bf16, f16};
-use flash_attn_tests::{gpu, run_case, Case, Placement, TestElement};
+use flash_attn_tests::{f16_and_bf16_tests, gpu, run_case, Case, Placement, TestElement};
 
 /// (seqlen_q, seqlen_k) pairs: ragged tails around the 64-row tiles, both
 /// orders of unequal lengths, and long sequences.
@@ -89,25 +89,8 @@ fn run_cases<T: TestElement>(
     }
 }
 
-#[test]
-fn f16_head_dim_64() {
-    run_matrix::<f16>("f16_head_dim_64", 64);
-}
-
-#[test]
-fn f16_head_dim_128() {
-    run_matrix::<f16>("f16_head_dim_128", 128);
-}
-
-#[test]
-fn bf16_head_dim_64() {
-    run_matrix::<bf16>("bf16_head_dim_64", 64);
-}
-
-#[test]
-fn bf16_head_dim_128() {
-    run_matrix::<bf16>("bf16_head_dim_128", 128);
-}
+f16_and_bf16_tests!(f16_head_dim_64, bf16_head_dim_64: run_matrix(64));
+f16_and_bf16_tests!(f16_head_dim_128, bf16_head_dim_128: run_matrix(128));
 
 /// Head dims 32, 96, 160, 192, 224, 256 over a subset of the matrix: one
 /// and ragged lengths, both orders of unequal lengths, a long key sequence.
@@ -118,15 +101,7 @@ fn run_other_head_dims<T: TestElement>(test: &str) {
     }
 }
 
-#[test]
-fn f16_other_head_dims() {
-    run_other_head_dims::<f16>("f16_other_head_dims");
-}
-
-#[test]
-fn bf16_other_head_dims() {
-    run_other_head_dims::<bf16>("bf16_other_head_dims");
-}
+f16_and_bf16_tests!(f16_other_head_dims, bf16_other_head_dims: run_other_head_dims());
 
 /// Same inputs twice give bit-identical outputs: no race between warps.
 #[test]
