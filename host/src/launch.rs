@@ -8,7 +8,7 @@ use crate::params::{self, ForwardParams};
 use crate::validate::tile_config;
 
 /// The most CTAs the keys of one query block are split among.
-pub const MAX_SPLITS: usize = 128;
+pub const MAX_SPLITS: usize = params::MAX_SPLITS as usize;
 
 /// The fewest key blocks the heuristic leaves to each split, so that the
 /// merge and the per-split prologue stay small beside the work.

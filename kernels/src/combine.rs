@@ -3,9 +3,10 @@
 //! `O = sum_s exp(lse_s - lse) O_s` with `lse = log sum_s exp(lse_s)`.
 //!
 //! One warp per (row, 8 columns), its lanes over the splits: each lane
-//! reads its splits' LSEs and 8-column slices at once, and butterfly sums
-//! finish the row. Many warps, each with a few independent loads, keep the
-//! merge short when there are few rows and many splits (decoding).
+//! issues the loads of its splits' LSEs and 8-column slices together, and
+//! butterfly sums finish the row. Many warps, each waiting for one round
+//! trip to memory, keep the merge short when there are few rows and many
+//! splits (decoding).
 
 use crate::arch;
 use crate::element::Element;
@@ -16,6 +17,8 @@ use crate::problem::packed_sequence;
 pub const COMBINE_WARPS: u32 = crate::params::COMBINE_WARPS;
 /// Columns of one warp's slice of a row.
 pub const COMBINE_COLUMNS: u32 = crate::params::COMBINE_COLUMNS;
+/// Splits of one pass per lane: a pass covers the host's largest split count.
+const SPLITS_PER_LANE: usize = (crate::params::MAX_SPLITS / 32) as usize;
 
 /// The combine kernel body.
 ///
@@ -54,33 +57,50 @@ pub unsafe fn combine_splits<E: Element>(params: &CombineParams) {
     let partial = |split: u32| (split * rows_per_split + row) as usize;
     let log2e = core::f32::consts::LOG2_E;
 
-    // The largest split LSE; a row no split saw a key of keeps -inf.
+    // One pass per MAX_SPLITS splits (one pass for every split count the
+    // host allows): each lane issues the loads of all its splits' LSEs and
+    // slices before it uses any, so the merge waits for one round trip to
+    // memory, not one per split. Passes merge online against the running max.
     let mut max = f32::NEG_INFINITY;
-    let mut split = lane;
-    while split < params.num_splits {
-        max = max.max(arch::ld_global_f32(params.lse_partial.add(partial(split))));
-        split += 32;
-    }
-    for mask in [16, 8, 4, 2, 1] {
-        max = max.max(arch::shfl_xor_f32(max, mask));
-    }
-    let shift = if max == f32::NEG_INFINITY { 0.0 } else { max * log2e };
-
-    // Each lane weighs its splits' slices against the max; the warp sums.
     let mut sum = 0.0;
     let mut acc = [0.0f32; COMBINE_COLUMNS as usize];
-    let mut split = lane;
-    while split < params.num_splits {
-        let weight = arch::exp2(arch::fma(arch::ld_global_f32(params.lse_partial.add(partial(split))), log2e, -shift));
-        sum += weight;
-        let from = params.o_partial.add(partial(split) * params.head_dim as usize + (slice * COMBINE_COLUMNS) as usize);
-        for half in 0..2 {
-            let bits = arch::ld_global_v4(from.add(4 * half) as *const u8);
-            for (i, b) in bits.iter().enumerate() {
-                acc[4 * half + i] = arch::fma(weight, f32::from_bits(*b), acc[4 * half + i]);
+    let mut first_split = 0;
+    while first_split < params.num_splits {
+        let mut lse = [f32::NEG_INFINITY; SPLITS_PER_LANE];
+        let mut slices = [[0u32; COMBINE_COLUMNS as usize]; SPLITS_PER_LANE];
+        for (i, (lse, slice_bits)) in lse.iter_mut().zip(slices.iter_mut()).enumerate() {
+            let split = first_split + lane + 32 * i as u32;
+            if split < params.num_splits {
+                *lse = arch::ld_global_f32(params.lse_partial.add(partial(split)));
+                let from = params
+                    .o_partial
+                    .add(partial(split) * params.head_dim as usize + (slice * COMBINE_COLUMNS) as usize);
+                for half in 0..2 {
+                    let bits = arch::ld_global_v4(from.add(4 * half) as *const u8);
+                    slice_bits[4 * half..4 * half + 4].copy_from_slice(&bits);
+                }
             }
         }
-        split += 32;
+        // The largest LSE so far; a row no split saw a key of keeps -inf.
+        let mut pass_max = lse.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+        for mask in [16, 8, 4, 2, 1] {
+            pass_max = pass_max.max(arch::shfl_xor_f32(pass_max, mask));
+        }
+        let new_max = max.max(pass_max);
+        let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max * log2e };
+        // Earlier passes were weighed against `max`: rebase them (2^-inf = 0).
+        let rebase = arch::exp2(arch::fma(max, log2e, -shift));
+        sum *= rebase;
+        acc.iter_mut().for_each(|value| *value *= rebase);
+        for (&lse, slice_bits) in lse.iter().zip(slices.iter()) {
+            let weight = arch::exp2(arch::fma(lse, log2e, -shift));
+            sum += weight;
+            for (value, bits) in acc.iter_mut().zip(slice_bits) {
+                *value = arch::fma(weight, f32::from_bits(*bits), *value);
+            }
+        }
+        max = new_max;
+        first_split += 32 * SPLITS_PER_LANE as u32;
     }
     for mask in [16, 8, 4, 2, 1] {
         sum += arch::shfl_xor_f32(sum, mask);

@@ -169,6 +169,10 @@ impl ForwardParams {
     }
 }
 
+/// The most CTAs the keys of one query block are split among (the host
+/// refuses more; the merge loads this many splits per row at once).
+pub const MAX_SPLITS: u32 = 128;
+
 /// Warps per block of the combine kernel, and columns per warp.
 pub const COMBINE_WARPS: u32 = 4;
 pub const COMBINE_COLUMNS: u32 = 8;

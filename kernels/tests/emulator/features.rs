@@ -340,6 +340,18 @@ fn split_kv_matches_one_pass_and_handles_empty_splits() {
 }
 
 #[test]
+fn split_kv_merges_more_splits_than_a_warp_has_lanes() {
+    // The merge gives each lane up to MAX_SPLITS / 32 splits: 40 splits of
+    // 36 key blocks (a few empty), and 128 (most empty).
+    for num_splits in [40, 128] {
+        let mut case = Case::new("flash_fwd_d64_f16_decode", &[3, 3], &[2300, 700]);
+        case.num_splits = num_splits;
+        case.heads_q = 2;
+        check(&case);
+    }
+}
+
+#[test]
 fn append_writes_new_keys_after_the_cached_ones_then_attention_sees_them() {
     let dtype = DType::F16;
     let (batch, heads_kv, d, new) = (2, 2, 64, 3);
