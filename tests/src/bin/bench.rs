@@ -14,7 +14,11 @@
 //! time, the bandwidth of reading K and V (bytes of K and V / time), and
 //! that bandwidth as a fraction of a device-to-device copy's (1 GiB
 //! `cuMemcpyDtoD`, bytes read + written / time) measured in the same run.
-//! L2 is flushed before every timed call.
+//! Two times per row: one call alone, L2 flushed before it (what a single
+//! call costs, its launch included), and back to back (the steady state of a
+//! decode loop): a run of calls, each over its own region of K and V so
+//! that together they read far more than L2 holds, queued while the GPU
+//! is still busy with a flush, timed as a whole and divided by the calls.
 //!
 //! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]
 //! [--decode-only | --no-decode] [--decode-batches B,B..] [--decode-caches
@@ -31,7 +35,7 @@ use flash_attn::cust::context::CurrentContext;
 use flash_attn::cust::device::DeviceAttribute;
 use flash_attn::cust::event::{Event, EventFlags};
 use flash_attn::cust::function::{BlockSize, GridSize};
-use flash_attn::cust::memory::DeviceBuffer;
+use flash_attn::cust::memory::{DeviceBuffer, DeviceSlice};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::{
@@ -184,12 +188,23 @@ const DECODE_MAX_KV_BYTES: usize = 8 << 30;
 /// Bytes copied before each timed decode call, to flush L2 (50 MiB on H100).
 const L2_FLUSH_BYTES: usize = 256 << 20;
 
+/// K and V bytes that the back-to-back calls of a decode row read at least,
+/// over distinct regions: several times the L2 of any GPU we run on.
+const BACK_TO_BACK_BYTES: usize = 512 << 20;
+/// The most calls in one back-to-back run.
+const BACK_TO_BACK_MAX_CALLS: usize = 64;
+
 /// One decode row's measurements.
 struct DecodeRow {
     batch: usize,
     cache: usize,
     kv_bytes: usize,
+    /// One call alone, L2 flushed before it.
     time_ms: f64,
+    /// Per call, back to back over distinct K and V regions.
+    back_to_back_ms: f64,
+    /// The host's time to queue one of the back-to-back calls.
+    host_us: f64,
 }
 
 /// Fills `buffer` with random normal f16 values: a 16 MiB random block,
@@ -227,7 +242,9 @@ fn decode_rows(
         .flat_map(|&b| caches.iter().map(move |&c| (b, c)))
         .filter(|&(b, c)| kv_bytes(b, c) <= DECODE_MAX_KV_BYTES)
         .collect();
-    let cache_len = shapes.iter().map(|&(b, c)| b * c * heads_kv * d).max().unwrap_or(0);
+    // Room for the back-to-back runs' distinct regions, each of K and V.
+    let cache_len =
+        shapes.iter().map(|&(b, c)| (b * c * heads_kv * d).max(BACK_TO_BACK_BYTES / 2 / 2)).max().unwrap_or(0);
     let max_batch = shapes.iter().map(|&(b, _)| b).max().unwrap_or(0);
     eprintln!("decode: filling 2 x {} MiB of K and V", (cache_len * 2) >> 20);
     let mut k = unsafe { DeviceBuffer::<f16>::uninitialized(cache_len)? };
@@ -249,8 +266,17 @@ fn decode_rows(
         eprintln!("decode [{}/{}]: batch {batch}, cache {cache}", i + 1, shapes.len());
         let lens = CacheSeqlens::new(&vec![cache as i32; batch])?;
         let cache_shape = [batch, cache, heads_kv, d];
-        let mut run = || -> Result<(), Box<dyn std::error::Error>> {
-            let kv = KvCache::new(Tensor::new(&k, cache_shape), Tensor::new(&v, cache_shape), &lens);
+        let region_len = batch * cache * heads_kv * d;
+        let regions = (cache_len / region_len).min(BACK_TO_BACK_MAX_CALLS);
+        // The `region`-th K and V of this shape: disjoint parts of k and v.
+        let part = |buffer: &DeviceBuffer<f16>, region: usize| unsafe {
+            DeviceSlice::from_raw_parts(buffer.as_device_ptr().add(region * region_len), region_len)
+        };
+        let parts: Vec<_> = (0..regions).map(|region| (part(&k, region), part(&v, region))).collect();
+        // One call over the `region`-th K and V.
+        let mut run = |region: usize| -> Result<(), Box<dyn std::error::Error>> {
+            let (k, v) = &parts[region];
+            let kv = KvCache::new(Tensor::new(k, cache_shape), Tensor::new(v, cache_shape), &lens);
             attention.forward_kvcache_into(
                 Tensor::new(&q, [batch, 1, heads_q, d]),
                 kv,
@@ -264,12 +290,26 @@ fn decode_rows(
         };
         // Warm up (the first call sizes the workspace).
         for _ in 0..3 {
-            run()?;
+            run(0)?;
         }
         stream.synchronize()?;
         // The flush also keeps the GPU busy while the host prepares the call.
-        let time_ms = median_ms(stream, reps, || copy_async(flush.1, flush.0, L2_FLUSH_BYTES, stream), run)?;
-        rows.push(DecodeRow { batch, cache, kv_bytes: kv_bytes(batch, cache), time_ms });
+        let time_ms = median_ms(stream, reps, || copy_async(flush.1, flush.0, L2_FLUSH_BYTES, stream), || run(0))?;
+        // Back to back: four flushes keep the GPU busy while the host queues
+        // the calls, so that the run times the GPU, not the host.
+        let flush_four = || (0..4).try_for_each(|_| copy_async(flush.1, flush.0, L2_FLUSH_BYTES, stream));
+        // The host's time to queue them, to show that it kept ahead.
+        let mut host_seconds = Vec::new();
+        let run_ms = median_ms(stream, reps.min(5), flush_four, || {
+            let queued = std::time::Instant::now();
+            (0..regions).try_for_each(&mut run)?;
+            host_seconds.push(queued.elapsed().as_secs_f64());
+            Ok(())
+        })?;
+        host_seconds.sort_by(f64::total_cmp);
+        let host_us = 1e6 * host_seconds[host_seconds.len() / 2] / regions as f64;
+        let back_to_back_ms = run_ms / regions as f64;
+        rows.push(DecodeRow { batch, cache, kv_bytes: kv_bytes(batch, cache), time_ms, back_to_back_ms, host_us });
     }
     Ok(rows)
 }
@@ -376,16 +416,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              device-to-device copy (read + write): {:.0} GB/s",
             copy / 1e9
         );
-        println!("| batch | cache | KV MiB | time us | KV read GB/s | copy GB/s | KV / copy |");
-        println!("|---|---|---|---|---|---|---|");
+        println!(
+            "| batch | cache | KV MiB | one call us | KV / copy | back to back us | host us | KV read GB/s | copy GB/s | KV / copy |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for row in &rows {
-            let gbps = row.kv_bytes as f64 / (row.time_ms * 1e-3);
+            let one_call_gbps = row.kv_bytes as f64 / (row.time_ms * 1e-3);
+            let gbps = row.kv_bytes as f64 / (row.back_to_back_ms * 1e-3);
             println!(
-                "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.0}% |",
+                "| {} | {} | {} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.0} | {:.0} | {:.0}% |",
                 row.batch,
                 row.cache,
                 row.kv_bytes >> 20,
                 row.time_ms * 1e3,
+                100.0 * one_call_gbps / copy,
+                row.back_to_back_ms * 1e3,
+                row.host_us,
                 gbps / 1e9,
                 copy / 1e9,
                 100.0 * gbps / copy
@@ -393,11 +439,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if let Some(f) = out.as_mut() {
                 writeln!(
                     f,
-                    "{{\"kind\":\"decode\",\"dtype\":\"f16\",\"head_dim\":{DECODE_HEAD_DIM},\"heads_q\":{heads_q},\"heads_kv\":{heads_kv},\"batch\":{},\"cache\":{},\"kv_bytes\":{},\"time_us\":{:.3},\"kv_gbps\":{:.3},\"copy_gbps\":{:.3}}}",
+                    "{{\"kind\":\"decode\",\"dtype\":\"f16\",\"head_dim\":{DECODE_HEAD_DIM},\"heads_q\":{heads_q},\"heads_kv\":{heads_kv},\"batch\":{},\"cache\":{},\"kv_bytes\":{},\"time_us\":{:.3},\"back_to_back_us\":{:.3},\"host_us\":{:.3},\"kv_gbps\":{:.3},\"copy_gbps\":{:.3}}}",
                     row.batch,
                     row.cache,
                     row.kv_bytes,
                     row.time_ms * 1e3,
+                    row.back_to_back_ms * 1e3,
+                    row.host_us,
                     gbps / 1e9,
                     copy / 1e9
                 )?;
