@@ -48,6 +48,17 @@ impl<const HEAD_DIM: usize> SmemTile<HEAD_DIM> {
         self.base + row * Self::ROW_BYTES + ((chunk & !7) << 4) + (((chunk % 8) ^ (row % 8)) << 4)
     }
 
+    /// `chunk_addr(row + k, chunk)` from `addr = chunk_addr(row, chunk)`, for
+    /// `row & k == 0`, so that `(row + k) % 8 = row % 8 ^ k % 8`. With `k` a
+    /// compile-time constant, a thread walking down a chunk column keeps one
+    /// address live instead of one per row (LLVM merges each row's offset
+    /// and swizzle into one constant and hoists their sums out of the key
+    /// loop).
+    #[inline(always)]
+    pub fn rows_below(addr: u32, k: u32) -> u32 {
+        (addr ^ ((k % 8) << 4)) + k * Self::ROW_BYTES
+    }
+
     /// Address of the 4-byte word holding elements `col` and `col + 1` of `row`
     /// (`col` even).
     #[inline(always)]

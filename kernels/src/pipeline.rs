@@ -42,38 +42,57 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     threads: u32,
 ) {
     let chunks_per_row = SmemTile::<HEAD_DIM>::CHUNKS_PER_ROW;
-    let copy = |row: u32, chunk: u32, from: *const u16| {
+    let copy = |row: u32, to: u32, from: *const u16| {
         let in_bounds = row < valid_rows;
         let from = if in_bounds { from } else { src };
-        arch::cp_async_16(tile.chunk_addr(row, chunk), from as *const u8, if in_bounds { 16 } else { 0 });
+        arch::cp_async_16(to, from as *const u8, if in_bounds { 16 } else { 0 });
     };
-    if !threads.is_multiple_of(chunks_per_row) || !rows.is_multiple_of(threads / chunks_per_row) {
-        // Rows of 12, 20, 24 or 28 chunks, or a tile that is not a whole
-        // number of passes: pass p copies the block's chunks
-        // p * threads .. (p + 1) * threads in row-major order; the last pass
-        // may be partial.
+    // Each pass of the block covers `rows_per_pass` whole rows. One warp
+    // does so over rows of 12, 20, 24 or 28 chunks too, its lanes past those
+    // rows idle: partial passes would each hold a row offset for the whole
+    // key loop, 28 of them at d = 224.
+    let rows_per_pass = threads / chunks_per_row;
+    let one_warp_rows = threads == 32 && !threads.is_multiple_of(chunks_per_row);
+    if !(threads.is_multiple_of(chunks_per_row) || one_warp_rows) || !rows.is_multiple_of(rows_per_pass) {
+        // Blocks of several warps over rows of 12, 20, 24 or 28 chunks, or
+        // a tile that is not a whole number of passes: pass p copies the
+        // block's chunks p * threads .. (p + 1) * threads in row-major
+        // order; the last pass may be partial.
         let chunks = rows * chunks_per_row;
         for pass in 0..chunks.div_ceil(threads) {
             let i = pass * threads + tid;
             if i < chunks {
                 let (row, chunk) = (i / chunks_per_row, i % chunks_per_row);
-                copy(row, chunk, src.wrapping_offset(row as isize * row_stride as isize + (chunk * 8) as isize));
+                let from = src.wrapping_offset(row as isize * row_stride as isize + (chunk * 8) as isize);
+                copy(row, tile.chunk_addr(row, chunk), from);
             }
         }
         return;
     }
-    // Each pass of the block covers `rows_per_pass` whole rows; a thread
-    // keeps its chunk column and walks down the rows.
-    let rows_per_pass = threads / chunks_per_row;
+    if one_warp_rows && tid >= rows_per_pass * chunks_per_row {
+        return;
+    }
+    // A thread keeps its chunk column and walks down the rows from
+    // `first_row < rows_per_pass`, a power of two (32 / 12 = 2, 32 / 20..28
+    // = 1, the others divide), so that `first_row & below == 0`.
     let first_row = tid / chunks_per_row;
     let chunk = tid % chunks_per_row;
-    let mut row_ptr = src.offset(first_row as isize * row_stride as isize + (chunk * 8) as isize);
+    let first_addr = tile.chunk_addr(first_row, chunk);
+    let mut row_ptr = src.wrapping_offset(first_row as isize * row_stride as isize + (chunk * 8) as isize);
     let pass_stride = rows_per_pass as isize * row_stride as isize;
-    let mut row = first_row;
-    for _ in 0..rows / rows_per_pass {
-        copy(row, chunk, row_ptr);
+    for pass in 0..rows / rows_per_pass {
+        let below = pass * rows_per_pass;
+        // One warp walks 16-64 rows: each row's `chunk_addr` would be hoisted
+        // out of the key loop, one register per row; a running address
+        // takes one. Wider blocks keep `chunk_addr`, which ptxas allocates
+        // better there (the running address spills d = 64's general kernel).
+        let to = if one_warp_rows {
+            SmemTile::<HEAD_DIM>::rows_below(first_addr, below)
+        } else {
+            tile.chunk_addr(first_row + below, chunk)
+        };
+        copy(first_row + below, to, row_ptr);
         row_ptr = row_ptr.wrapping_offset(pass_stride);
-        row += rows_per_pass;
     }
 }
 

@@ -303,7 +303,13 @@ fn softcap_and_alibi_alone_and_together() {
 
 #[test]
 fn kv_cache_lengths_paged_and_contiguous() {
-    for name in ["flash_fwd_d64_f16_general", "flash_fwd_d128_f16_decode", "flash_fwd_d192_bf16_general"] {
+    // d=224's decode kernel: one warp walking rows of 28 chunks.
+    for name in [
+        "flash_fwd_d64_f16_general",
+        "flash_fwd_d128_f16_decode",
+        "flash_fwd_d192_bf16_general",
+        "flash_fwd_d224_bf16_decode",
+    ] {
         let mut case = Case::new(name, &[3, 1, 16], &[150, 64, 1]);
         case.packed_q = true;
         case.cache_slack = Some(40);
