@@ -22,6 +22,9 @@ pub enum Error {
     OutOfBounds { tensor: &'static str, needed: usize, len: usize },
     /// A size past what the kernel indexes or the launch grid allows.
     TooLarge { what: &'static str, value: usize, max: usize },
+    /// The seqlen (row) stride of a tensor past what the kernels' 32-bit row
+    /// offsets allow ([`MAX_ROW_STRIDE`](crate::MAX_ROW_STRIDE)).
+    RowStrideTooLarge { tensor: &'static str, stride: usize, max: usize },
     /// The output overlaps an input.
     Aliasing,
     /// The output's strides make distinct elements share memory.
@@ -75,6 +78,11 @@ impl fmt::Display for Error {
             Error::TooLarge { what, value, max } => {
                 write!(f, "{what} = {value} exceeds the supported maximum {max}")
             }
+            Error::RowStrideTooLarge { tensor, stride, max } => write!(
+                f,
+                "{tensor}: the seqlen stride {stride} exceeds the supported maximum {max} elements \
+                 (the kernels compute row offsets in 32 bits)"
+            ),
             Error::Aliasing => write!(f, "the output overlaps an input"),
             Error::OverlappingOutput { strides } => {
                 write!(f, "o: strides {strides:?} make distinct elements share memory")

@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::params::{AppendParams, ForwardParams};
 use crate::runtime::{Element, Tensor, TensorMut};
 use crate::validate::{
-    apply_features, bytes, check_aliasing, check_lse, check_output, check_problem, check_tensor, forward_args,
-    softmax_scale, tensor_arg, tensor_bytes, too_large, AttentionParams, Placed, Problem, MAX_SEQLEN,
+    apply_features, bytes, check_aliasing, check_lse, check_output, check_problem, check_row_stride, check_tensor,
+    forward_args, softmax_scale, tensor_arg, tensor_bytes, too_large, AttentionParams, Placed, Problem, MAX_SEQLEN,
 };
 
 /// The number of keys already in each batch's cache, validated (each >= 0)
@@ -281,6 +281,10 @@ pub(crate) fn validate_kvcache(
     for t in [q, k, v, o].into_iter().chain(cache.new.iter().flat_map(|(k_new, v_new)| [k_new, v_new])) {
         check_tensor(t)?;
     }
+    // The append kernel copies k_new and v_new row by row in 64 bits.
+    for t in [q, k, v, o] {
+        check_row_stride(t)?;
+    }
     let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
     let [slots_outer, slots_inner, heads_kv, head_dim_k] = k.layout.shape;
     if v.layout.shape != k.layout.shape {
@@ -421,7 +425,7 @@ pub(crate) fn validate_kvcache(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::contiguous_tensor;
+    use crate::validate::{contiguous_tensor, MAX_ROW_STRIDE};
 
     const MIB: u64 = 1 << 20;
 
@@ -622,6 +626,37 @@ mod tests {
         call.seqlens[0] = 42;
         let err = call.run().unwrap_err();
         assert!(matches!(&err, Error::InvalidBlockTable(m) if m.contains("batches 0 and 1")), "{err}");
+    }
+
+    #[test]
+    fn cache_rows_must_be_within_the_kernels_row_strides() {
+        let past = MAX_ROW_STRIDE + 8;
+        for cache in [Call::dense as fn() -> Call, Call::paged] {
+            for name in ["k_cache", "v_cache"] {
+                let mut call = cache();
+                for t in [&mut call.k, &mut call.v] {
+                    if t.name == name {
+                        t.layout.strides[1] = past;
+                        t.buffer_len = t.layout.span().unwrap();
+                    }
+                }
+                let err = call.run().unwrap_err();
+                assert_eq!(err, Error::RowStrideTooLarge { tensor: name, stride: past, max: MAX_ROW_STRIDE });
+            }
+        }
+        // One query row per batch: its stride never multiplies a row index.
+        let mut call = Call::dense();
+        call.q.layout.strides[1] = past;
+        call.o.layout.strides[1] = past;
+        assert!(call.run().is_ok());
+        let mut call = Call::dense();
+        call.q = contiguous_tensor("q", [3, 2, 8, 128], 0);
+        call.o = contiguous_tensor("o", [3, 2, 8, 128], 48 * MIB);
+        call.lse_len = 3 * 8 * 2;
+        call.o.layout.strides[1] = past;
+        call.o.buffer_len = call.o.layout.span().unwrap();
+        let err = call.run().unwrap_err();
+        assert_eq!(err, Error::RowStrideTooLarge { tensor: "o", stride: past, max: MAX_ROW_STRIDE });
     }
 
     #[test]

@@ -112,8 +112,9 @@ pub(crate) fn needs_general(args: &ForwardParams) -> bool {
 /// single query row of `g = heads_q / heads_kv` heads per key/value head is
 /// viewed as `g` rows of one head, so that each key/value head is read by
 /// one CTA instead of `g`. Applies, and returns true, for one query row of
-/// grouped heads without window, ALiBi or variable lengths; causal masking
-/// is then void (the row sees every key) and is dropped.
+/// grouped heads without window, ALiBi or variable lengths, whose head
+/// strides (the new row strides) are within the kernels' row strides;
+/// causal masking is then void (the row sees every key) and is dropped.
 pub(crate) fn swap_gqa_decode(args: &mut ForwardParams) -> bool {
     let groups = args.heads_per_kv;
     let applies = args.seqlen_q == 1
@@ -122,7 +123,9 @@ pub(crate) fn swap_gqa_decode(args: &mut ForwardParams) -> bool {
         && (args.window_right == -1 || args.window_right == 0)
         && args.alibi_slopes.is_null()
         && args.cu_seqlens_q.is_null()
-        && args.lse_head_stride == 1;
+        && args.lse_head_stride == 1
+        && args.q_head_stride <= config::MAX_ROW_STRIDE as i64
+        && args.o_head_stride <= config::MAX_ROW_STRIDE as i64;
     if !applies {
         return false;
     }
@@ -467,6 +470,11 @@ mod tests {
         assert!(!swapped(&|a| a.window_right = 3));
         assert!(!swapped(&|a| a.alibi_slopes = 256 as *const f32));
         assert!(!swapped(&|a| a.cu_seqlens_q = 256 as *const i32));
+        // Heads too far apart to be the kernels' rows.
+        let past = config::MAX_ROW_STRIDE as i64 + 8;
+        assert!(swapped(&|a| a.q_head_stride = past - 8));
+        assert!(!swapped(&|a| a.q_head_stride = past));
+        assert!(!swapped(&|a| a.o_head_stride = past));
         let mut two_rows = args(2, 100, 8, 2, 64);
         assert!(!swap_gqa_decode(&mut two_rows));
         let mut mha = args(1, 100, 8, 8, 64);

@@ -6,7 +6,8 @@
 //!
 //! Tensors are `[batch, seqlen, heads, head_dim]`, f16 or bf16, in device
 //! memory, with any strides on the first three dimensions (multiples of 8
-//! elements) and a contiguous last one. Supported: head dims 32 to 256 in steps of 32,
+//! elements, the seqlen one at most [`MAX_ROW_STRIDE`]) and a contiguous
+//! last one. Supported: head dims 32 to 256 in steps of 32,
 //! causal (bottom-right aligned) and not, any sequence lengths, MQA/GQA.
 //! Every invalid input returns an [`Error`] and launches nothing.
 //!
@@ -73,6 +74,8 @@ pub use runtime::{
     combine_kernel_name, kernel_name, kernel_names, Element, FlashAttention, Output, Tensor, TensorMut, APPEND_KERNEL,
     PTX,
 };
-pub use validate::{validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_SEQLEN, SUPPORTED_HEAD_DIMS};
+pub use validate::{
+    validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, SUPPORTED_HEAD_DIMS,
+};
 pub use varlen::{check_seq_offsets, offsets_from_lengths, OffsetsSummary, SeqOffsets};
 pub use workspace::Workspace;

@@ -148,6 +148,10 @@ pub fn tile_config(head_dim: usize) -> Result<TileConfig> {
 pub const MAX_SEQLEN: usize = i32::MAX as usize;
 /// Largest batch and number of query heads (grid z and y).
 pub const MAX_GRID_YZ: usize = 65_535;
+/// Largest seqlen (row) stride, in elements, of q, k, v and o (of a page,
+/// for a paged KV cache): the kernels compute row offsets within a tile in
+/// 32 bits. 2^23, e.g. 32768 heads of head_dim 256 in one row.
+pub const MAX_ROW_STRIDE: usize = config::MAX_ROW_STRIDE as usize;
 
 pub(crate) fn check_tensor(t: &Placed) -> Result<()> {
     if t.layout.shape.contains(&0) {
@@ -170,6 +174,17 @@ pub(crate) fn check_tensor(t: &Placed) -> Result<()> {
         t.layout.span().ok_or(Error::TooLarge { what: "view span", value: usize::MAX, max: isize::MAX as usize })?;
     if needed > t.buffer_len {
         return Err(Error::OutOfBounds { tensor: t.name, needed, len: t.buffer_len });
+    }
+    Ok(())
+}
+
+/// The row stride of a tensor the kernels tile: at most [`MAX_ROW_STRIDE`]
+/// where there is more than one row (the stride of a single row is never
+/// multiplied by a row index other than 0).
+pub(crate) fn check_row_stride(t: &Placed) -> Result<()> {
+    let stride = t.layout.strides[1];
+    if t.layout.shape[1] > 1 && stride > MAX_ROW_STRIDE {
+        return Err(Error::RowStrideTooLarge { tensor: t.name, stride, max: MAX_ROW_STRIDE });
     }
     Ok(())
 }
@@ -339,6 +354,7 @@ pub fn validate(
 ) -> Result<(ForwardParams, Problem)> {
     for t in [q, k, v, o] {
         check_tensor(t)?;
+        check_row_stride(t)?;
     }
     let [batch, seqlen_q, heads_q, head_dim] = q.layout.shape;
     let [batch_k, seqlen_k, heads_kv, head_dim_k] = k.layout.shape;
@@ -536,6 +552,28 @@ mod tests {
         call.lse_len = usize::MAX / 8;
         call.lse_addr = 1 << 50;
         assert_eq!(call.run().unwrap_err(), Error::TooLarge { what: "heads_q", value: 70_000, max: MAX_GRID_YZ });
+    }
+
+    #[test]
+    fn rejects_row_strides_past_the_kernels_32_bit_offsets() {
+        let past = MAX_ROW_STRIDE + 8;
+        for name in ["q", "k", "v", "o"] {
+            let mut call = Call::new(64);
+            for t in [&mut call.q, &mut call.k, &mut call.v, &mut call.o] {
+                if t.name == name {
+                    t.layout.strides[1] = past;
+                    t.buffer_len = t.layout.span().unwrap();
+                }
+            }
+            let err = call.run().unwrap_err();
+            assert_eq!(err, Error::RowStrideTooLarge { tensor: name, stride: past, max: MAX_ROW_STRIDE });
+            assert!(err.to_string().starts_with(&format!("{name}: the seqlen stride {past} exceeds")), "{err}");
+        }
+        let mut call = Call::new(64);
+        call.k.layout.strides[1] = MAX_ROW_STRIDE;
+        call.k.buffer_len = call.k.layout.span().unwrap();
+        call.k.addr = 1 << 40;
+        assert!(call.run().is_ok());
     }
 
     #[test]

@@ -7,8 +7,8 @@ use cust::memory::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::params::ForwardParams;
 use crate::validate::{
-    apply_features, bytes, check_aliasing, check_lse, check_output, check_problem, check_tensor, forward_args,
-    softmax_scale, tensor_bytes, AttentionParams, Placed, Problem,
+    apply_features, bytes, check_aliasing, check_lse, check_output, check_problem, check_row_stride, check_tensor,
+    forward_args, softmax_scale, tensor_bytes, AttentionParams, Placed, Problem,
 };
 
 /// The offsets of packed sequences, validated and uploaded: sequence `b`
@@ -151,6 +151,7 @@ pub(crate) fn validate_varlen(
 ) -> Result<(ForwardParams, Problem)> {
     for t in [q, k, v, o] {
         check_tensor(t)?;
+        check_row_stride(t)?;
     }
     let [packed_q, total_q, heads_q, head_dim] = q.layout.shape;
     let [packed_k, total_k, heads_kv, head_dim_k] = k.layout.shape;
@@ -203,7 +204,7 @@ pub(crate) fn validate_varlen(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::{contiguous_tensor, device_slice, Layout};
+    use crate::validate::{contiguous_tensor, device_slice, Layout, MAX_ROW_STRIDE};
 
     const MIB: u64 = 1 << 20;
 
@@ -341,6 +342,22 @@ mod tests {
         let mut call = Call::new();
         call.lse_addr = 80 * MIB;
         assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+    }
+
+    #[test]
+    fn rejects_row_strides_past_the_kernels_32_bit_offsets() {
+        let past = MAX_ROW_STRIDE + 8;
+        for name in ["q", "k", "v", "o"] {
+            let mut call = Call::new();
+            for t in [&mut call.q, &mut call.k, &mut call.v, &mut call.o] {
+                if t.name == name {
+                    t.layout.strides[1] = past;
+                    t.buffer_len = t.layout.span().unwrap();
+                }
+            }
+            let err = call.run().unwrap_err();
+            assert_eq!(err, Error::RowStrideTooLarge { tensor: name, stride: past, max: MAX_ROW_STRIDE });
+        }
     }
 
     #[test]

@@ -128,3 +128,31 @@ pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
 /// The key block every page of a paged KV cache must be a multiple of: a
 /// multiple of every kernel's `block_n`.
 pub const PAGE_MULTIPLE: u32 = 64;
+
+/// The most rows of any shared-memory tile (`block_m` or `block_n`).
+pub const MAX_TILE_ROWS: u32 = 256;
+
+/// The largest row stride, in elements, of q, k, v and o (for a paged
+/// cache, the stride between rows of a page). The tile copies compute each
+/// row's offset `row * row_stride + column` in u32, as 64-bit offsets cost
+/// two registers each: with `row < MAX_TILE_ROWS` and `column < 256`, 2^23
+/// keeps them below 2^31. That allows e.g. 32768 heads of d = 256 per row.
+pub const MAX_ROW_STRIDE: u32 = 1 << 23;
+
+// Every tile fits MAX_TILE_ROWS, and its offsets u32.
+const _: () = {
+    assert!(MAX_TILE_ROWS as u64 * MAX_ROW_STRIDE as u64 + 256 <= u32::MAX as u64);
+    let mut i = 0;
+    while i < HEAD_DIMS.len() {
+        let d = HEAD_DIMS[i];
+        let configs = [tile_config(d), general_tile_config(d), decode_tile_config(d)];
+        let mut j = 0;
+        while j < configs.len() {
+            if let Some(c) = configs[j] {
+                assert!(c.block_m <= MAX_TILE_ROWS && c.block_n <= MAX_TILE_ROWS);
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+};

@@ -15,7 +15,7 @@ pub struct OutputRows {
     pub first_row: u32,
     /// Global address of the warp's first output row.
     pub o: *mut u16,
-    pub o_row_stride: i64,
+    pub o_row_stride: u32,
     /// Global address of the warp's first log-sum-exp.
     pub lse: *mut f32,
     /// Rows of the warp that exist (the rest lie past seqlen_q).

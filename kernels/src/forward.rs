@@ -114,6 +114,8 @@ pub unsafe fn flash_forward<
         let (k_offset, v_offset) = seq.key_offsets::<GENERAL>(params, first_key);
         let (src, offset, row_stride) =
             if keys { (k, k_offset, params.k_row_stride) } else { (v, v_offset, params.v_row_stride) };
+        // The host keeps row strides within MAX_ROW_STRIDE.
+        let row_stride = row_stride as u32;
         load_tile_async::<HEAD_DIM>(
             tile,
             block_n,
@@ -141,7 +143,7 @@ pub unsafe fn flash_forward<
 
     // Prologue: Q, then blocks n_end - 1 .. n_end - (STAGES - 1) into stages
     // 0 .. STAGES - 2 (one stage: K of the first block); wait for Q only.
-    load_tile_async::<HEAD_DIM>(q_tile, block_m, q, params.q_row_stride, rows_in_block, tid, threads);
+    load_tile_async::<HEAD_DIM>(q_tile, block_m, q, params.q_row_stride as u32, rows_in_block, tid, threads);
     arch::cp_async_commit();
     if STAGES == 1 {
         if n_end > n_begin {
@@ -261,7 +263,7 @@ pub unsafe fn flash_forward<
                 + (first_row + warp_first_row) as i64 * params.o_row_stride
                 + head as i64 * params.o_head_stride) as isize,
         ),
-        o_row_stride: params.o_row_stride,
+        o_row_stride: params.o_row_stride as u32,
         lse: params.lse.wrapping_offset(
             (seq.lse_offset + head as i64 * params.lse_head_stride + (first_row + warp_first_row) as i64) as isize,
         ),

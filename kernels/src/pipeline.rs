@@ -27,16 +27,20 @@ pub fn cp_async_wait_pending(pending: usize) {
 /// commits the group.
 ///
 /// `rows` and `threads` (the block's) are compile-time constants at every
-/// call.
+/// call. Row offsets are computed in u32: 64-bit ones, one per pass, are
+/// hoisted out of the key loop at two registers each.
 ///
 /// # Safety
-/// `src` row `r` must be readable for `r < valid_rows`; `valid_rows >= 1`.
+/// `src` row `r` must be readable for `r < valid_rows`; `valid_rows >= 1`;
+/// `row_stride <= `[`MAX_ROW_STRIDE`](crate::config::MAX_ROW_STRIDE) and
+/// `rows <= `[`MAX_TILE_ROWS`](crate::config::MAX_TILE_ROWS), so that no
+/// offset overflows.
 #[inline(always)]
 pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     tile: SmemTile<HEAD_DIM>,
     rows: u32,
     src: *const u16,
-    row_stride: i64,
+    row_stride: u32,
     valid_rows: u32,
     tid: u32,
     threads: u32,
@@ -63,8 +67,7 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
             let i = pass * threads + tid;
             if i < chunks {
                 let (row, chunk) = (i / chunks_per_row, i % chunks_per_row);
-                let from = src.wrapping_offset(row as isize * row_stride as isize + (chunk * 8) as isize);
-                copy(row, tile.chunk_addr(row, chunk), from);
+                copy(row, tile.chunk_addr(row, chunk), src.wrapping_add((row * row_stride + chunk * 8) as usize));
             }
         }
         return;
@@ -78,8 +81,8 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     let first_row = tid / chunks_per_row;
     let chunk = tid % chunks_per_row;
     let first_addr = tile.chunk_addr(first_row, chunk);
-    let mut row_ptr = src.wrapping_offset(first_row as isize * row_stride as isize + (chunk * 8) as isize);
-    let pass_stride = rows_per_pass as isize * row_stride as isize;
+    let mut row_ptr = src.wrapping_add((first_row * row_stride + chunk * 8) as usize);
+    let pass_stride = (rows_per_pass * row_stride) as usize;
     for pass in 0..rows / rows_per_pass {
         let below = pass * rows_per_pass;
         // One warp walks 16-64 rows: each row's `chunk_addr` would be hoisted
@@ -92,22 +95,24 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
             tile.chunk_addr(first_row + below, chunk)
         };
         copy(first_row + below, to, row_ptr);
-        row_ptr = row_ptr.wrapping_offset(pass_stride);
+        row_ptr = row_ptr.wrapping_add(pass_stride);
     }
 }
 
 /// Stores the warp's `16 * M_TILES` rows of `tile` to `dst` (rows `row_stride`
 /// elements apart), skipping rows at or past `valid_rows`. Lanes take
 /// consecutive chunks of a row, so each store instruction writes whole rows.
+/// Row offsets are computed in u32, as in [`load_tile_async`].
 ///
 /// # Safety
-/// `dst` row `r` must be writable for `r < valid_rows`.
+/// `dst` row `r` must be writable for `r < valid_rows`;
+/// `row_stride <= `[`MAX_ROW_STRIDE`](crate::config::MAX_ROW_STRIDE).
 #[inline(always)]
 pub unsafe fn store_rows_from_smem<const M_TILES: usize, const HEAD_DIM: usize>(
     tile: SmemTile<HEAD_DIM>,
     first_row: u32,
     dst: *mut u16,
-    row_stride: i64,
+    row_stride: u32,
     valid_rows: u32,
     lane: u32,
 ) {
@@ -118,7 +123,7 @@ pub unsafe fn store_rows_from_smem<const M_TILES: usize, const HEAD_DIM: usize>(
     let store = |row: u32, chunk: u32| {
         if row < valid_rows {
             let value = arch::ld_shared_v4(tile.chunk_addr(first_row + row, chunk));
-            let to = dst.offset(row as isize * row_stride as isize + (chunk * 8) as isize);
+            let to = dst.add((row * row_stride + chunk * 8) as usize);
             arch::st_global_v4(to as *mut u8, value);
         }
     };
