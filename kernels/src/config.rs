@@ -55,18 +55,22 @@ pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 /// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
 /// (TUNING.md, step 3).
 pub const HEAD_DIM_64: TileConfig = TileConfig::new(64, 4, 2, 64, true);
-/// Head dim 96: Q fragments in registers (6% faster than re-reading them,
-/// TUNING.md step 9).
-pub const HEAD_DIM_96: TileConfig = TileConfig::new(96, 4, 2, 32, true);
+/// Head dim 96: FlashAttention-2's shape, 32 rows per warp, 64-key blocks,
+/// Q re-read from shared memory (TUNING.md step 14: 2-8% faster than 32-key
+/// blocks with Q in registers).
+pub const HEAD_DIM_96: TileConfig = TileConfig::new(96, 4, 2, 64, false);
 /// Head dim 128: 128 query rows, 32 per warp, 32-key blocks, Q re-read from
 /// shared memory so the 32 rows fit in 255 registers (TUNING.md, step 2).
 pub const HEAD_DIM_128: TileConfig = TileConfig::new(128, 4, 2, 32, false);
-/// Head dim 160.
-pub const HEAD_DIM_160: TileConfig = TileConfig::new(160, 8, 1, 64, false);
+/// Head dim 160: one K/V stage (TUNING.md step 14: 1.5-2.6% faster than
+/// two).
+pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 8, 1, 64, false) };
 /// Head dim 192: one K/V stage (TUNING.md step 13).
 pub const HEAD_DIM_192: TileConfig = TileConfig { stages: 1, ..TileConfig::new(192, 8, 1, 64, false) };
-/// Head dim 224: one K/V stage (TUNING.md step 13; 64-key blocks spill).
-pub const HEAD_DIM_224: TileConfig = TileConfig { stages: 1, ..TileConfig::new(224, 8, 1, 32, false) };
+/// Head dim 224: 64-key blocks in one K/V stage, which fit 255 registers
+/// since the tile loads' row offsets are 32-bit (TUNING.md step 14: 3-12%
+/// faster than 32-key blocks).
+pub const HEAD_DIM_224: TileConfig = TileConfig { stages: 1, ..TileConfig::new(224, 8, 1, 64, false) };
 /// Head dim 256: 64-key blocks in one K/V stage (TUNING.md step 13; two
 /// blocks of 4 warps and 32-key blocks in two stages were 8-11% slower).
 pub const HEAD_DIM_256: TileConfig = TileConfig { stages: 1, ..TileConfig::new(256, 8, 1, 64, false) };
@@ -90,15 +94,13 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 }
 
 /// The tile config of the general kernels (`flash_fwd_d*_general`) for
-/// `head_dim`: the dense kernels' shape and launch geometry, but with Q
-/// re-read from shared memory where the features' extra registers would
-/// not fit beside Q's fragments (d=96 spills otherwise), and in two
-/// stages at d=192.
+/// `head_dim`: the dense kernels' shape and launch geometry, but with
+/// 32-key blocks at d=96 and two stages at d=192, where the features' extra
+/// registers would not fit beside the dense shape's (it spills).
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
-            q_in_registers: dense.q_in_registers && head_dim != 96,
-            // d=192's one-stage loop spills beside the features' registers.
+            block_n: if head_dim == 96 { 32 } else { dense.block_n },
             stages: if head_dim == 192 { 2 } else { dense.stages },
             ..dense
         }),
@@ -112,10 +114,11 @@ pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
 /// that reading K and V bounds the time; split-KV supplies the parallelism.
 /// 128 keys of K and V in flight, so that a split of a few blocks waits
 /// about one memory latency, not one per block (TUNING.md step 12): 4
-/// stages of 32-key blocks, or 2 of 64 where the prefill shape has 64-key
-/// blocks (more would not fit sm_80's shared memory at d=160 and 192). From
-/// d=224 a 64-key S tile beside one warp's O accumulators spills, so d=256
-/// takes 32-key blocks.
+/// stages of 32-key blocks, or 2 of 64 at d=32, 64, 160 and 192, whose
+/// prefill kernels had 64-key blocks before step 14 (more would not fit
+/// sm_80's shared memory at d=160 and 192). From d=224 a 64-key S tile
+/// beside one warp's O accumulators spills, so d=224 and 256 take 32-key
+/// blocks.
 pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
     let (block_n, stages) = match head_dim {
         32 | 64 | 160 | 192 => (64, 2),
