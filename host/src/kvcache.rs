@@ -425,7 +425,7 @@ pub(crate) fn validate_kvcache(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::{contiguous_tensor, MAX_ROW_STRIDE};
+    use crate::validate::{contiguous_tensor, set_row_stride, MAX_ROW_STRIDE};
 
     const MIB: u64 = 1 << 20;
 
@@ -634,12 +634,7 @@ mod tests {
         for cache in [Call::dense as fn() -> Call, Call::paged] {
             for name in ["k_cache", "v_cache"] {
                 let mut call = cache();
-                for t in [&mut call.k, &mut call.v] {
-                    if t.name == name {
-                        t.layout.strides[1] = past;
-                        t.buffer_len = t.layout.span().unwrap();
-                    }
-                }
+                set_row_stride([&mut call.k, &mut call.v], name, past);
                 let err = call.run().unwrap_err();
                 assert_eq!(err, Error::RowStrideTooLarge { tensor: name, stride: past, max: MAX_ROW_STRIDE });
             }
@@ -653,8 +648,7 @@ mod tests {
         call.q = contiguous_tensor("q", [3, 2, 8, 128], 0);
         call.o = contiguous_tensor("o", [3, 2, 8, 128], 48 * MIB);
         call.lse_len = 3 * 8 * 2;
-        call.o.layout.strides[1] = past;
-        call.o.buffer_len = call.o.layout.span().unwrap();
+        set_row_stride([&mut call.o], "o", past);
         let err = call.run().unwrap_err();
         assert_eq!(err, Error::RowStrideTooLarge { tensor: "o", stride: past, max: MAX_ROW_STRIDE });
     }

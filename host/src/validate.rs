@@ -386,6 +386,15 @@ pub(crate) fn contiguous_tensor(name: &'static str, shape: [usize; 4], addr: u64
     Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
 }
 
+/// Gives the tensor named `name` among `tensors` the seqlen stride `stride`,
+/// its buffer grown to fit, for validation tests.
+#[cfg(test)]
+pub(crate) fn set_row_stride<const N: usize>(tensors: [&mut Placed; N], name: &str, stride: usize) {
+    let t = tensors.into_iter().find(|t| t.name == name).expect("a tensor of that name");
+    t.layout.strides[1] = stride;
+    t.buffer_len = t.layout.span().unwrap();
+}
+
 /// A device slice at a made-up address, for validation tests (never dereferenced).
 #[cfg(test)]
 pub(crate) fn device_slice<T: cust::memory::DeviceCopy>(addr: u64, len: usize) -> DeviceSlice<T> {
@@ -559,19 +568,13 @@ mod tests {
         let past = MAX_ROW_STRIDE + 8;
         for name in ["q", "k", "v", "o"] {
             let mut call = Call::new(64);
-            for t in [&mut call.q, &mut call.k, &mut call.v, &mut call.o] {
-                if t.name == name {
-                    t.layout.strides[1] = past;
-                    t.buffer_len = t.layout.span().unwrap();
-                }
-            }
+            set_row_stride([&mut call.q, &mut call.k, &mut call.v, &mut call.o], name, past);
             let err = call.run().unwrap_err();
             assert_eq!(err, Error::RowStrideTooLarge { tensor: name, stride: past, max: MAX_ROW_STRIDE });
             assert!(err.to_string().starts_with(&format!("{name}: the seqlen stride {past} exceeds")), "{err}");
         }
         let mut call = Call::new(64);
-        call.k.layout.strides[1] = MAX_ROW_STRIDE;
-        call.k.buffer_len = call.k.layout.span().unwrap();
+        set_row_stride([&mut call.k], "k", MAX_ROW_STRIDE);
         call.k.addr = 1 << 40;
         assert!(call.run().is_ok());
     }

@@ -204,7 +204,7 @@ pub(crate) fn validate_varlen(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::{contiguous_tensor, device_slice, Layout, MAX_ROW_STRIDE};
+    use crate::validate::{contiguous_tensor, device_slice, set_row_stride, Layout, MAX_ROW_STRIDE};
 
     const MIB: u64 = 1 << 20;
 
@@ -349,12 +349,7 @@ mod tests {
         let past = MAX_ROW_STRIDE + 8;
         for name in ["q", "k", "v", "o"] {
             let mut call = Call::new();
-            for t in [&mut call.q, &mut call.k, &mut call.v, &mut call.o] {
-                if t.name == name {
-                    t.layout.strides[1] = past;
-                    t.buffer_len = t.layout.span().unwrap();
-                }
-            }
+            set_row_stride([&mut call.q, &mut call.k, &mut call.v, &mut call.o], name, past);
             let err = call.run().unwrap_err();
             assert_eq!(err, Error::RowStrideTooLarge { tensor: name, stride: past, max: MAX_ROW_STRIDE });
         }
