@@ -242,9 +242,10 @@ fn decode_rows(
         .flat_map(|&b| caches.iter().map(move |&c| (b, c)))
         .filter(|&(b, c)| kv_bytes(b, c) <= DECODE_MAX_KV_BYTES)
         .collect();
-    // Room for the back-to-back runs' distinct regions, each of K and V.
-    let cache_len =
-        shapes.iter().map(|&(b, c)| (b * c * heads_kv * d).max(BACK_TO_BACK_BYTES / 2 / 2)).max().unwrap_or(0);
+    // Room for the back-to-back runs' distinct regions: K and V each hold
+    // half of BACK_TO_BACK_BYTES, in f16 elements.
+    let back_to_back_len = BACK_TO_BACK_BYTES / 2 / std::mem::size_of::<f16>();
+    let cache_len = shapes.iter().map(|&(b, c)| (b * c * heads_kv * d).max(back_to_back_len)).max().unwrap_or(0);
     let max_batch = shapes.iter().map(|&(b, _)| b).max().unwrap_or(0);
     eprintln!("decode: filling 2 x {} MiB of K and V", (cache_len * 2) >> 20);
     let mut k = unsafe { DeviceBuffer::<f16>::uninitialized(cache_len)? };
