@@ -32,8 +32,9 @@ pub enum KernelVariant {
     Causal,
     /// `flash_fwd_d{D}_{E}_general`: every feature at run time.
     General,
-    /// `flash_fwd_d{D}_{E}_decode`: the general kernel with one warp of
-    /// 16 query rows per CTA, for a few queries against many keys.
+    /// `flash_fwd_d{D}_{E}_decode`: the general kernel with 16 query rows
+    /// per CTA, whose warps split the keys, for a few queries against many
+    /// keys.
     Decode,
 }
 

@@ -547,7 +547,8 @@ mod tests {
             assert_eq!(config.head_dim as usize, head_dim);
             // sm_80 allows 163 KiB of dynamic shared memory per block.
             assert!(config.smem_bytes() <= 163 * 1024, "{name}: {} bytes", config.smem_bytes());
-            assert_eq!(config.block_m, config.warps * 16 * config.m_tiles);
+            let row_sets = if config.warps_split_keys { 1 } else { config.warps };
+            assert_eq!(config.block_m, row_sets * 16 * config.m_tiles, "{name}");
         }
     }
 

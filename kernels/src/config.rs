@@ -13,11 +13,17 @@ pub const fn smem_row_bytes(head_dim: u32) -> u32 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileConfig {
     pub head_dim: u32,
-    /// Query rows per block: `warps * 16 * m_tiles`.
+    /// Query rows per block: `warps * 16 * m_tiles`, or `16 * m_tiles`
+    /// when the warps split the keys.
     pub block_m: u32,
     /// Keys per K/V tile.
     pub block_n: u32,
     pub warps: u32,
+    /// The warps share the same query rows and split the block's key
+    /// blocks among themselves, each with its own K/V stages, and merge
+    /// their outputs at the end (decode); else each warp has its own rows
+    /// and every warp sees every key block.
+    pub warps_split_keys: bool,
     /// 16-row m-tiles per warp.
     pub m_tiles: u32,
     /// Keep each warp's Q fragments in registers for the whole key loop
@@ -33,15 +39,34 @@ impl TileConfig {
         self.warps * 32
     }
 
-    /// Dynamic shared memory: the Q tile (reused to stage O) and `stages`
-    /// stages each of K and V.
-    pub const fn smem_bytes(&self) -> u32 {
-        (self.block_m + 2 * self.stages * self.block_n) * smem_row_bytes(self.head_dim)
+    /// The sets of K/V stages: one per warp when the warps split the keys,
+    /// else one shared by all.
+    pub const fn stage_sets(&self) -> u32 {
+        if self.warps_split_keys {
+            self.warps
+        } else {
+            1
+        }
     }
 
-    /// A shape with two stages each of K and V.
+    /// Dynamic shared memory: the Q tile (reused to stage O) and, per stage
+    /// set, `stages` stages each of K and V.
+    pub const fn smem_bytes(&self) -> u32 {
+        (self.block_m + self.stage_sets() * 2 * self.stages * self.block_n) * smem_row_bytes(self.head_dim)
+    }
+
+    /// A shape with two stages each of K and V, each warp its own rows.
     const fn new(head_dim: u32, warps: u32, m_tiles: u32, block_n: u32, q_in_registers: bool) -> Self {
-        Self { head_dim, block_m: warps * 16 * m_tiles, block_n, warps, m_tiles, q_in_registers, stages: 2 }
+        Self {
+            head_dim,
+            block_m: warps * 16 * m_tiles,
+            block_n,
+            warps,
+            warps_split_keys: false,
+            m_tiles,
+            q_in_registers,
+            stages: 2,
+        }
     }
 }
 
@@ -109,23 +134,30 @@ pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
 }
 
 /// The tile config of the decode kernels (`flash_fwd_d*_decode`) for
-/// `head_dim`: one warp of 16 query rows per block, for a few queries
-/// against many keys. Small blocks keep the tensor-core work per key low, so
-/// that reading K and V bounds the time; split-KV supplies the parallelism.
-/// 128 keys of K and V in flight, so that a split of a few blocks waits
-/// about one memory latency, not one per block (TUNING.md step 12): 4
-/// stages of 32-key blocks, or 2 of 64 at d=32, 64, 160 and 192, whose
-/// prefill kernels had 64-key blocks before step 14 (more would not fit
-/// sm_80's shared memory at d=160 and 192). From d=224 a 64-key S tile
-/// beside one warp's O accumulators spills, so d=224 and 256 take 32-key
-/// blocks.
+/// `head_dim`: 16 query rows per block, for a few queries against many
+/// keys, which the block's four warps split among themselves, each through
+/// its own K/V stage, merging their outputs in shared memory at the end.
+/// Small blocks keep the tensor-core work per key low, so that reading K
+/// and V bounds the time; split-KV and the warps supply the parallelism,
+/// and the warps share the Q load and one merged partial output per split.
+/// 32-key blocks in one stage per warp (FlashAttention-2's pipeline: V
+/// loads during Q K^T, the next K during P V): at d=128 as fast as two
+/// stages at batch 1-16 and faster at batch 64, in 68 KiB instead of 132,
+/// so three blocks fit an SM (TUNING.md step 18).
 pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
-    let (block_n, stages) = match head_dim {
-        32 | 64 | 160 | 192 => (64, 2),
-        96 | 128 | 224 | 256 => (32, 4),
-        _ => return None,
-    };
-    Some(TileConfig { stages, ..TileConfig::new(head_dim, 1, 1, block_n, head_dim <= 128) })
+    if tile_config(head_dim).is_none() {
+        return None;
+    }
+    Some(TileConfig {
+        head_dim,
+        block_m: 16,
+        block_n: 32,
+        warps: 4,
+        warps_split_keys: true,
+        m_tiles: 1,
+        q_in_registers: head_dim <= 128,
+        stages: 1,
+    })
 }
 
 /// The key block every page of a paged KV cache must be a multiple of: a

@@ -95,6 +95,7 @@ macro_rules! forward_kernels {
             { C.block_n as usize / 8 },
             { C.block_n as usize / 16 },
             { C.warps as usize },
+            { C.warps_split_keys },
             { C.m_tiles as usize },
             { C.q_in_registers },
             { C.stages as usize },

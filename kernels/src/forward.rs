@@ -8,6 +8,11 @@
 //! `STAGES - 1` blocks ahead are issued at the top of each step and overlap
 //! at least its whole Q K^T, softmax and P V; with one, each of K and V
 //! loads while the other is in use (the key loop below).
+//!
+//! In the decode kernels the warps split the keys instead of the rows: all
+//! share the block's 16 query rows, each runs the key loop over its own
+//! part of the block's key blocks through its own stages (with warp
+//! barriers only), and [`crate::warp_merge`] merges them at the end.
 
 use crate::arch;
 use crate::element::Element;
@@ -18,6 +23,7 @@ use crate::params::ForwardParams;
 use crate::pipeline::{cp_async_wait_pending, load_tile_async};
 use crate::problem::{split_key_blocks, Sequence, Visibility};
 use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
+use crate::warp_merge;
 
 /// The kernel body, instantiated per element type, masking, features and
 /// tile shape. `GENERAL` instances read every feature of [`ForwardParams`]
@@ -45,6 +51,7 @@ pub unsafe fn flash_forward<
     const N_TILES: usize,
     const N_STEPS: usize,
     const WARPS: usize,
+    const WARPS_SPLIT_KEYS: bool,
     const M_TILES: usize,
     const Q_IN_REGISTERS: bool,
     const STAGES: usize,
@@ -56,9 +63,16 @@ pub unsafe fn flash_forward<
         assert!(N_TILES * 8 == BLOCK_N && N_STEPS * 16 == BLOCK_N);
         assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
         assert!(STAGES >= 1 && STAGES <= 4);
+        assert!(!WARPS_SPLIT_KEYS || GENERAL, "only the general kernels split the keys among warps");
+        // The merge's scratch overlays the warps' K/V stages.
+        assert!(
+            !WARPS_SPLIT_KEYS
+                || warp_merge::scratch_bytes(WARPS as u32, M_TILES as u32, DIM_TILES as u32)
+                    <= (WARPS * 2 * STAGES * BLOCK_N) as u32 * crate::config::smem_row_bytes(HEAD_DIM as u32)
+        );
     }
     let threads = (WARPS * 32) as u32;
-    let block_m = (WARPS * 16 * M_TILES) as u32;
+    let block_m = (if WARPS_SPLIT_KEYS { 16 * M_TILES } else { WARPS * 16 * M_TILES }) as u32;
     let block_n = BLOCK_N as u32;
 
     let tid = arch::thread_idx_x();
@@ -93,6 +107,13 @@ pub unsafe fn flash_forward<
     if GENERAL && params.num_splits > 1 {
         (n_begin, n_end) = split_key_blocks(n_begin, n_end, split, params.num_splits);
     }
+    if WARPS_SPLIT_KEYS {
+        (n_begin, n_end) = split_key_blocks(n_begin, n_end, warp, WARPS as u32);
+    }
+    // Who loads a K/V stage and who waits for it: the warp alone when it
+    // has its own stages, else the whole block.
+    let (kv_thread, kv_threads) = if WARPS_SPLIT_KEYS { (lane, 32) } else { (tid, threads) };
+    let kv_barrier = || if WARPS_SPLIT_KEYS { arch::sync_warp() } else { arch::sync_threads() };
 
     let q = params
         .q
@@ -100,14 +121,16 @@ pub unsafe fn flash_forward<
     let k = params.k.offset((seq.k_offset + kv_head as i64 * params.k_head_stride) as isize);
     let v = params.v.offset((seq.v_offset + kv_head as i64 * params.v_head_stride) as isize);
 
-    // Shared memory: Q (later the O staging tile), the K stages, the V stages.
+    // Shared memory: Q (later the O staging tile), then per stage set (one
+    // per warp when the warps split the keys) the K stages and the V stages.
     let smem = arch::dynamic_smem_base();
     let q_tile = SmemTile::<HEAD_DIM>::at(smem);
     let stages = STAGES as u32;
+    let first_stage_row = block_m + if WARPS_SPLIT_KEYS { warp * 2 * stages * block_n } else { 0 };
     // Stage addresses are computed, not indexed from an array, so that no
     // array of them lands in local memory.
-    let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + stage * block_n));
-    let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(block_m + (stages + stage) * block_n));
+    let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(first_stage_row + stage * block_n));
+    let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(first_stage_row + (stages + stage) * block_n));
     // Loads key block `n` of k (`keys`) or v into `tile`, one copy group.
     let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool| {
         let first_key = n * block_n;
@@ -122,8 +145,8 @@ pub unsafe fn flash_forward<
             src.offset(offset as isize),
             row_stride,
             seq.seqlen_k - first_key,
-            tid,
-            threads,
+            kv_thread,
+            kv_threads,
         );
         arch::cp_async_commit();
     };
@@ -159,9 +182,9 @@ pub unsafe fn flash_forward<
     } else {
         arch::cp_async_wait::<0>();
     }
-    arch::sync_threads();
+    arch::sync_threads(); // Q has landed for every warp.
 
-    let warp_first_row = warp * 16 * M_TILES as u32;
+    let warp_first_row = if WARPS_SPLIT_KEYS { 0 } else { warp * 16 * M_TILES as u32 };
     let q_operand = mma::QOperand::<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>::new(q_tile, warp_first_row, lane);
     let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, visibility };
     let modifiers = ScoreModifiers {
@@ -203,7 +226,7 @@ pub unsafe fn flash_forward<
             2 => 1,
             _ => 2 * (STAGES - 2),
         });
-        arch::sync_threads();
+        kv_barrier();
         if STAGES == 1 {
             load_key_block(v_tile(0), n, false);
         } else {
@@ -224,7 +247,7 @@ pub unsafe fn flash_forward<
 
         if STAGES == 1 {
             arch::cp_async_wait::<0>(); // V[n] has landed
-            arch::sync_threads(); // and every warp is done with K[n].
+            kv_barrier(); // and every warp is done with K[n].
             if !last {
                 load_key_block(k_tile(0), n - 1, true);
             }
@@ -234,11 +257,17 @@ pub unsafe fn flash_forward<
             } else {
                 arch::cp_async_wait::<0>();
             }
-            arch::sync_threads();
+            kv_barrier();
         }
         mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
     }
 
+    if WARPS_SPLIT_KEYS && WARPS > 1 {
+        let scratch = q_tile.after_rows(block_m);
+        if !warp_merge::merge_into_first_warp(&mut softmax, &mut o, scratch, WARPS as u32, warp, lane, scale_log2) {
+            return; // warp 0 writes the block's output
+        }
+    }
     let valid_rows = rows_in_block.saturating_sub(warp_first_row);
     if GENERAL && params.num_splits > 1 {
         // [split, batch, head, row] over the longest seqlen_q.

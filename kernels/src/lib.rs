@@ -4,7 +4,8 @@
 //! Module map: [`arch`] every PTX primitive; [`layout`] shared-memory tiles
 //! and their swizzle; [`pipeline`] global <-> shared copies; [`mma`] the
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
-//! and masking; [`epilogue`] normalising and storing O and the LSE;
+//! and masking; [`warp_merge`] merging the warps of a block that split the
+//! keys; [`epilogue`] normalising and storing O and the LSE;
 //! [`forward`] the kernel body; [`entry`] the exported kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
 //! [`ceiling`] register-only MMAs, the benchmark's ceiling.
@@ -40,6 +41,7 @@ pub mod problem;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod reference;
 pub mod softmax;
+pub mod warp_merge;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub use arch::emu;

@@ -51,6 +51,14 @@ pub mod output {
     pub const FMA: usize = 33;
     pub const PACK_F16: usize = 34;
     pub const PACK_BF16: usize = 35;
+    /// Word [`ld_shared_word`] of the shared image, by `ld.shared.b32`.
+    pub const LD_SHARED: usize = 36;
+}
+
+/// The word of the shared-memory image that lane `lane` loads with
+/// `ld.shared.b32`: a different word per lane, not the lane's own row.
+pub const fn ld_shared_word(lane: u32) -> u32 {
+    (lane * 5 + 3) % (SMEM_BYTES / 4)
 }
 
 /// The probe's body.
@@ -106,4 +114,5 @@ pub unsafe fn probe_primitives(input: *const u32, output: *mut u32) {
     put(output::FMA, arch::fma(float(input::FMA), float(input::FMA + 1), float(input::FMA + 2)).to_bits());
     put(output::PACK_F16, arch::pack_f16x2(float(input::PACK), float(input::PACK + 1)));
     put(output::PACK_BF16, arch::pack_bf16x2(float(input::PACK), float(input::PACK + 1)));
+    put(output::LD_SHARED, arch::ld_shared_u32(smem + 4 * ld_shared_word(lane)));
 }

@@ -14,10 +14,10 @@ use crate::problem::Visibility;
 /// Running max and partial sum of each of the lane's rows.
 pub struct OnlineSoftmax<const M_TILES: usize> {
     /// Largest unscaled score seen per row (-inf before any).
-    row_max: [[f32; 2]; M_TILES],
+    pub(crate) row_max: [[f32; 2]; M_TILES],
     /// This lane's part of the sum of `p` per row, relative to `row_max`;
     /// the quad's parts are added only at the end.
-    row_sum: [[f32; 2]; M_TILES],
+    pub(crate) row_sum: [[f32; 2]; M_TILES],
 }
 
 impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {

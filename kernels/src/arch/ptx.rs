@@ -237,6 +237,17 @@ pub unsafe fn st_shared_u32(addr: u32, value: u32) {
     asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) value, options(nostack));
 }
 
+/// `ld.shared.b32`.
+///
+/// # Safety
+/// `addr` must be a 4-byte aligned shared address of the block.
+#[inline(always)]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let value: u32;
+    asm!("ld.shared.b32 {v}, [{a}];", v = out(reg32) value, a = in(reg32) addr, options(nostack, readonly));
+    value
+}
+
 /// `ld.shared.v4.b32`.
 ///
 /// # Safety

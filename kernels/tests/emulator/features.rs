@@ -303,7 +303,7 @@ fn softcap_and_alibi_alone_and_together() {
 
 #[test]
 fn kv_cache_lengths_paged_and_contiguous() {
-    // d=224's decode kernel: one warp walking rows of 28 chunks.
+    // d=224's decode kernel: each warp walking rows of 28 chunks into its own stage.
     for name in [
         "flash_fwd_d64_f16_general",
         "flash_fwd_d128_f16_decode",

@@ -392,7 +392,7 @@ fn the_gpu_cross_check_probe_runs_in_the_emulator() {
     .expect("the probe runs in the emulator");
     let (input_words, output_words) = (input_words as &[u32], output_words as &[u32]);
     for lane in 0..32 {
-        for i in 0..=output::PACK_BF16 {
+        for i in 0..=output::LD_SHARED {
             assert_ne!(output_words[lane * LANE_OUTPUT_WORDS + i], 0xdead_beef, "lane {lane} word {i} not written");
         }
         for (j, mask) in [1, 2, 4, 8, 16].into_iter().enumerate() {
@@ -407,6 +407,11 @@ fn the_gpu_cross_check_probe_runs_in_the_emulator() {
         );
         let packed = output_words[lane * LANE_OUTPUT_WORDS + output::PACK_F16];
         assert_eq!(packed, pack(f16::from_f32(lo).to_bits(), f16::from_f32(hi).to_bits()));
+        // The shared image is the first words of the input.
+        assert_eq!(
+            output_words[lane * LANE_OUTPUT_WORDS + output::LD_SHARED],
+            input_words[probe::ld_shared_word(lane as u32) as usize]
+        );
     }
 }
 

@@ -232,6 +232,20 @@ pub unsafe fn st_shared_u32(addr: u32, value: u32) {
     })
 }
 
+/// `ld.shared.b32`.
+///
+/// # Safety
+/// `addr` must be a 4-byte aligned shared address of the block.
+#[track_caller]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let site = Location::caller();
+    context::with(|t| {
+        let req = Request { who: lane(t), instruction: "ld.shared.b32", site, addr, len: 4 };
+        let bytes = t.ok(t.block.smem.read(&req));
+        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    })
+}
+
 /// `ld.shared.v4.b32`.
 ///
 /// # Safety
