@@ -9,6 +9,7 @@ use cust::function::BlockSize;
 use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use cust::module::Module;
 use cust::stream::Stream;
+use cust::sys::CUfunction;
 
 use crate::error::{Error, Result};
 use crate::kvcache::{validate_kvcache, Append, KvCache};
@@ -37,11 +38,14 @@ pub fn combine_kernel_name(element: &str) -> String {
     format!("flash_combine_{element}")
 }
 
+/// The element type names in kernel names.
+const ELEMENT_NAMES: [&str; 2] = [half::f16::NAME, half::bf16::NAME];
+
 /// Every attention kernel in [`PTX`], with its head dim and variant.
 pub fn kernel_names() -> Vec<(usize, KernelVariant, String)> {
     let mut names = Vec::new();
     for head_dim in SUPPORTED_HEAD_DIMS.map(|d| d as usize) {
-        for element in ["f16", "bf16"] {
+        for element in ELEMENT_NAMES {
             for variant in KernelVariant::ALL {
                 names.push((head_dim, variant, kernel_name(head_dim, element, variant)));
             }
@@ -169,12 +173,58 @@ fn upload_async(addr: u64, values: &[i32], stream: &Stream) -> Result<()> {
     Ok(())
 }
 
+/// An attention kernel of the module, looked up once when it is loaded, so
+/// that a call neither formats names nor asks the driver for functions.
+#[derive(Clone, Copy)]
+struct AttentionKernel {
+    function: CUfunction,
+    /// CTAs per SM at the kernel's launch geometry (the split heuristic's wave).
+    blocks_per_sm: usize,
+}
+
 /// The kernels, loaded into the CUDA context current at [`FlashAttention::new`].
 pub struct FlashAttention {
-    module: Module,
+    /// Owns the functions below, which live as long as it.
+    _module: Module,
     sm_count: usize,
-    /// CTAs per SM of each general and decode kernel, by name.
-    blocks_per_sm: HashMap<String, usize>,
+    /// By (head dim, element type name, variant).
+    attention: HashMap<(usize, &'static str, KernelVariant), AttentionKernel>,
+    /// The split-KV merge kernel, by element type name.
+    combine: HashMap<&'static str, CUfunction>,
+    append: CUfunction,
+}
+
+/// Launches `function` with one argument block `args` on `stream`.
+///
+/// # Safety
+/// `args` points to the argument block `function` takes, and the geometry is
+/// the one its kernel was written for.
+unsafe fn launch_kernel(
+    function: CUfunction,
+    grid: (u32, u32, u32),
+    threads: u32,
+    smem_bytes: u32,
+    args: *mut c_void,
+    stream: &Stream,
+) -> Result<()> {
+    let mut params = [args];
+    let status = cust::sys::cuLaunchKernel(
+        function,
+        grid.0,
+        grid.1,
+        grid.2,
+        threads,
+        1,
+        1,
+        smem_bytes,
+        stream.as_inner(),
+        params.as_mut_ptr(),
+        std::ptr::null_mut(),
+    );
+    if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(Error::DriverCall { call: "cuLaunchKernel", code: status as u32 });
+    }
+    Ok(())
 }
 
 impl FlashAttention {
@@ -190,10 +240,13 @@ impl FlashAttention {
         }
         let sm_count = device.get_attribute(DeviceAttribute::MultiprocessorCount)?.max(1) as usize;
         let module = Module::from_ptx(PTX, &[])?;
-        let mut blocks_per_sm = HashMap::new();
-        for (head_dim, variant, name) in kernel_names() {
+        let mut attention = HashMap::new();
+        let kernels = SUPPORTED_HEAD_DIMS.iter().flat_map(|&d| {
+            ELEMENT_NAMES.iter().flat_map(move |&e| KernelVariant::ALL.map(|variant| (d as usize, e, variant)))
+        });
+        for (head_dim, element, variant) in kernels {
             let config = variant.tile_config(head_dim)?;
-            let function = module.get_function(&name)?;
+            let function = module.get_function(kernel_name(head_dim, element, variant))?;
             // Allow more than the default 48 KiB of dynamic shared memory.
             let status = unsafe {
                 cust::sys::cuFuncSetAttribute(
@@ -205,18 +258,18 @@ impl FlashAttention {
             if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
                 return Err(Error::DriverCall { call: "cuFuncSetAttribute", code: status as u32 });
             }
-            if matches!(variant, KernelVariant::General | KernelVariant::Decode) {
-                let blocks = function.max_active_blocks_per_multiprocessor(
-                    BlockSize::x(config.threads()),
-                    config.smem_bytes() as usize,
-                )?;
-                blocks_per_sm.insert(name, blocks as usize);
-            }
+            let blocks_per_sm = function
+                .max_active_blocks_per_multiprocessor(BlockSize::x(config.threads()), config.smem_bytes() as usize)?
+                as usize;
+            attention
+                .insert((head_dim, element, variant), AttentionKernel { function: function.to_raw(), blocks_per_sm });
         }
-        for name in [combine_kernel_name("f16"), combine_kernel_name("bf16"), APPEND_KERNEL.to_string()] {
-            module.get_function(&name)?;
+        let mut combine = HashMap::new();
+        for element in ELEMENT_NAMES {
+            combine.insert(element, module.get_function(combine_kernel_name(element))?.to_raw());
         }
-        Ok(Self { module, sm_count, blocks_per_sm })
+        let append = module.get_function(APPEND_KERNEL)?.to_raw();
+        Ok(Self { _module: module, sm_count, attention, combine, append })
     }
 
     /// The GPU's number of streaming multiprocessors.
@@ -457,7 +510,7 @@ impl FlashAttention {
 
     /// CTAs of `variant` for `head_dim` that the GPU runs at once.
     fn wave<T: Element>(&self, head_dim: usize, variant: KernelVariant) -> usize {
-        let blocks = self.blocks_per_sm.get(&kernel_name(head_dim, T::NAME, variant)).copied().unwrap_or(1);
+        let blocks = self.attention.get(&(head_dim, T::NAME, variant)).map_or(1, |kernel| kernel.blocks_per_sm);
         self.sm_count * blocks.max(1)
     }
 
@@ -497,18 +550,19 @@ impl FlashAttention {
         }
         if let Some(append) = append {
             let mut append_args = append.args;
-            let function = self.module.get_function(APPEND_KERNEL)?;
             let arg_ptr = &mut append_args as *mut _ as *mut c_void;
-            unsafe { stream.launch(&function, append.grid, SMALL_KERNEL_THREADS, 0, &[arg_ptr])? };
+            unsafe { launch_kernel(self.append, append.grid, SMALL_KERNEL_THREADS, 0, arg_ptr, stream)? };
         }
-        let function = self.module.get_function(kernel_name(plan.head_dim, T::NAME, plan.variant))?;
+        // Every (head dim, element, variant) a plan can name was loaded in `new`.
+        let kernel = self.attention[&(plan.head_dim, T::NAME, plan.variant)];
         let arg_ptr = &mut args as *mut _ as *mut c_void;
-        unsafe { stream.launch(&function, plan.grid, plan.config.threads(), plan.config.smem_bytes(), &[arg_ptr])? };
+        let (threads, smem_bytes) = (plan.config.threads(), plan.config.smem_bytes());
+        unsafe { launch_kernel(kernel.function, plan.grid, threads, smem_bytes, arg_ptr, stream)? };
         if args.num_splits > 1 {
             let mut combine = CombineParams::of(&args, plan.batch as u32, plan.head_dim as u32);
-            let function = self.module.get_function(combine_kernel_name(T::NAME))?;
             let arg_ptr = &mut combine as *mut _ as *mut c_void;
-            unsafe { stream.launch(&function, (plan.combine_blocks, 1, 1), SMALL_KERNEL_THREADS, 0, &[arg_ptr])? };
+            let grid = (plan.combine_blocks, 1, 1);
+            unsafe { launch_kernel(self.combine[T::NAME], grid, SMALL_KERNEL_THREADS, 0, arg_ptr, stream)? };
         }
         Ok(())
     }
