@@ -41,17 +41,20 @@ pub fn combine_kernel_name(element: &str) -> String {
 /// The element type names in kernel names.
 const ELEMENT_NAMES: [&str; 2] = [half::f16::NAME, half::bf16::NAME];
 
+/// Every attention kernel in [`PTX`], as (head dim, element type name, variant).
+fn attention_kernels() -> impl Iterator<Item = (usize, &'static str, KernelVariant)> {
+    SUPPORTED_HEAD_DIMS.iter().flat_map(|&head_dim| {
+        ELEMENT_NAMES
+            .iter()
+            .flat_map(move |&element| KernelVariant::ALL.map(|variant| (head_dim as usize, element, variant)))
+    })
+}
+
 /// Every attention kernel in [`PTX`], with its head dim and variant.
 pub fn kernel_names() -> Vec<(usize, KernelVariant, String)> {
-    let mut names = Vec::new();
-    for head_dim in SUPPORTED_HEAD_DIMS.map(|d| d as usize) {
-        for element in ELEMENT_NAMES {
-            for variant in KernelVariant::ALL {
-                names.push((head_dim, variant, kernel_name(head_dim, element, variant)));
-            }
-        }
-    }
-    names
+    attention_kernels()
+        .map(|(head_dim, element, variant)| (head_dim, variant, kernel_name(head_dim, element, variant)))
+        .collect()
 }
 
 mod sealed {
@@ -241,10 +244,7 @@ impl FlashAttention {
         let sm_count = device.get_attribute(DeviceAttribute::MultiprocessorCount)?.max(1) as usize;
         let module = Module::from_ptx(PTX, &[])?;
         let mut attention = HashMap::new();
-        let kernels = SUPPORTED_HEAD_DIMS.iter().flat_map(|&d| {
-            ELEMENT_NAMES.iter().flat_map(move |&e| KernelVariant::ALL.map(|variant| (d as usize, e, variant)))
-        });
-        for (head_dim, element, variant) in kernels {
+        for (head_dim, element, variant) in attention_kernels() {
             let config = variant.tile_config(head_dim)?;
             let function = module.get_function(kernel_name(head_dim, element, variant))?;
             // Allow more than the default 48 KiB of dynamic shared memory.
