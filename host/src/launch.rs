@@ -60,6 +60,10 @@ impl KernelVariant {
                 .ok()
                 .and_then(config::decode_tile_config)
                 .ok_or(Error::UnsupportedHeadDim(head_dim)),
+            KernelVariant::Causal => u32::try_from(head_dim)
+                .ok()
+                .and_then(config::causal_tile_config)
+                .ok_or(Error::UnsupportedHeadDim(head_dim)),
             KernelVariant::General => u32::try_from(head_dim)
                 .ok()
                 .and_then(config::general_tile_config)
@@ -233,7 +237,7 @@ pub(crate) fn plan(
     let (variant, config) = if needs_general(&args) || seqused_len > 0 {
         (split_variant, split_config)
     } else if args.window_right == 0 {
-        (KernelVariant::Causal, tile_config(head_dim)?)
+        (KernelVariant::Causal, KernelVariant::Causal.tile_config(head_dim)?)
     } else {
         (KernelVariant::Full, tile_config(head_dim)?)
     };

@@ -82,11 +82,13 @@ pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 pub const HEAD_DIM_64: TileConfig = TileConfig::new(64, 4, 2, 64, true);
 /// Head dim 96: FlashAttention-2's shape, 32 rows per warp, 64-key blocks,
 /// Q re-read from shared memory (TUNING.md step 14: 2-8% faster than 32-key
-/// blocks with Q in registers).
-pub const HEAD_DIM_96: TileConfig = TileConfig::new(96, 4, 2, 64, false);
-/// Head dim 128: 128 query rows, 32 per warp, 32-key blocks, Q re-read from
-/// shared memory so the 32 rows fit in 255 registers (TUNING.md, step 2).
-pub const HEAD_DIM_128: TileConfig = TileConfig::new(128, 4, 2, 32, false);
+/// blocks with Q in registers), one K/V stage (step 19: 7% faster than two).
+pub const HEAD_DIM_96: TileConfig = TileConfig { stages: 1, ..TileConfig::new(96, 4, 2, 64, false) };
+/// Head dim 128: FlashAttention-2's shape, 128 query rows, 32 per warp, Q
+/// re-read from shared memory so the 32 rows fit in 255 registers (TUNING.md
+/// step 2), 64-key blocks in one K/V stage (step 19: 9% faster than 32-key
+/// blocks in two).
+pub const HEAD_DIM_128: TileConfig = TileConfig { stages: 1, ..TileConfig::new(128, 4, 2, 64, false) };
 /// Head dim 160: one K/V stage (TUNING.md step 14: 1.5-2.6% faster than
 /// two).
 pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 8, 1, 64, false) };
@@ -118,12 +120,25 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
     }
 }
 
+/// The tile config of the dense causal kernels (`flash_fwd_d*_causal`) for
+/// `head_dim`: the dense shape, but two K/V stages at d=96 and d=128, where
+/// one stage with the diagonal blocks' masking spills (d=96: 72 B) and two
+/// are as fast or faster (TUNING.md step 19).
+pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
+    match tile_config(head_dim) {
+        Some(dense) => {
+            Some(TileConfig { stages: if head_dim == 96 || head_dim == 128 { 2 } else { dense.stages }, ..dense })
+        }
+        None => None,
+    }
+}
+
 /// The tile config of the general kernels (`flash_fwd_d*_general`) for
-/// `head_dim`: the dense kernels' shape and launch geometry, but with
+/// `head_dim`: the causal kernels' shape and launch geometry, but with
 /// 32-key blocks at d=96 and two stages at d=192, where the features' extra
 /// registers would not fit beside the dense shape's (it spills).
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
-    match tile_config(head_dim) {
+    match causal_tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
             block_n: if head_dim == 96 { 32 } else { dense.block_n },
             stages: if head_dim == 192 { 2 } else { dense.stages },
@@ -180,7 +195,7 @@ const _: () = {
     let mut i = 0;
     while i < HEAD_DIMS.len() {
         let d = HEAD_DIMS[i];
-        let configs = [tile_config(d), general_tile_config(d), decode_tile_config(d)];
+        let configs = [tile_config(d), causal_tile_config(d), general_tile_config(d), decode_tile_config(d)];
         let mut j = 0;
         while j < configs.len() {
             if let Some(c) = configs[j] {

@@ -8,8 +8,8 @@
 //! in [`KERNELS`].
 
 use crate::config::{
-    decode_tile_config, general_tile_config, TileConfig, HEAD_DIM_128, HEAD_DIM_160, HEAD_DIM_192, HEAD_DIM_224,
-    HEAD_DIM_256, HEAD_DIM_32, HEAD_DIM_64, HEAD_DIM_96,
+    causal_tile_config, decode_tile_config, general_tile_config, TileConfig, HEAD_DIM_128, HEAD_DIM_160, HEAD_DIM_192,
+    HEAD_DIM_224, HEAD_DIM_256, HEAD_DIM_32, HEAD_DIM_64, HEAD_DIM_96,
 };
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
@@ -38,6 +38,14 @@ pub struct HostKernel {
     pub config: TileConfig,
     /// The kernel body, for each emulated thread to call.
     pub run: unsafe fn(&ForwardParams),
+}
+
+/// The causal tile config of `head_dim`, at compile time.
+const fn causal(head_dim: u32) -> TileConfig {
+    match causal_tile_config(head_dim) {
+        Some(config) => config,
+        None => panic!("no causal config"),
+    }
 }
 
 /// The general tile config of `head_dim`, at compile time.
@@ -105,67 +113,67 @@ macro_rules! forward_kernels {
 
 forward_kernels! {
     (flash_fwd_d32_f16_full, F16, false, false, HEAD_DIM_32),
-    (flash_fwd_d32_f16_causal, F16, true, false, HEAD_DIM_32),
+    (flash_fwd_d32_f16_causal, F16, true, false, causal(32)),
     (flash_fwd_d32_f16_general, F16, false, true, general(32)),
     (flash_fwd_d32_f16_decode, F16, false, true, decode(32)),
     (flash_fwd_d32_bf16_full, Bf16, false, false, HEAD_DIM_32),
-    (flash_fwd_d32_bf16_causal, Bf16, true, false, HEAD_DIM_32),
+    (flash_fwd_d32_bf16_causal, Bf16, true, false, causal(32)),
     (flash_fwd_d32_bf16_general, Bf16, false, true, general(32)),
     (flash_fwd_d32_bf16_decode, Bf16, false, true, decode(32)),
     (flash_fwd_d64_f16_full, F16, false, false, HEAD_DIM_64),
-    (flash_fwd_d64_f16_causal, F16, true, false, HEAD_DIM_64),
+    (flash_fwd_d64_f16_causal, F16, true, false, causal(64)),
     (flash_fwd_d64_f16_general, F16, false, true, general(64)),
     (flash_fwd_d64_f16_decode, F16, false, true, decode(64)),
     (flash_fwd_d64_bf16_full, Bf16, false, false, HEAD_DIM_64),
-    (flash_fwd_d64_bf16_causal, Bf16, true, false, HEAD_DIM_64),
+    (flash_fwd_d64_bf16_causal, Bf16, true, false, causal(64)),
     (flash_fwd_d64_bf16_general, Bf16, false, true, general(64)),
     (flash_fwd_d64_bf16_decode, Bf16, false, true, decode(64)),
     (flash_fwd_d96_f16_full, F16, false, false, HEAD_DIM_96),
-    (flash_fwd_d96_f16_causal, F16, true, false, HEAD_DIM_96),
+    (flash_fwd_d96_f16_causal, F16, true, false, causal(96)),
     (flash_fwd_d96_f16_general, F16, false, true, general(96)),
     (flash_fwd_d96_f16_decode, F16, false, true, decode(96)),
     (flash_fwd_d96_bf16_full, Bf16, false, false, HEAD_DIM_96),
-    (flash_fwd_d96_bf16_causal, Bf16, true, false, HEAD_DIM_96),
+    (flash_fwd_d96_bf16_causal, Bf16, true, false, causal(96)),
     (flash_fwd_d96_bf16_general, Bf16, false, true, general(96)),
     (flash_fwd_d96_bf16_decode, Bf16, false, true, decode(96)),
     (flash_fwd_d128_f16_full, F16, false, false, HEAD_DIM_128),
-    (flash_fwd_d128_f16_causal, F16, true, false, HEAD_DIM_128),
+    (flash_fwd_d128_f16_causal, F16, true, false, causal(128)),
     (flash_fwd_d128_f16_general, F16, false, true, general(128)),
     (flash_fwd_d128_f16_decode, F16, false, true, decode(128)),
     (flash_fwd_d128_bf16_full, Bf16, false, false, HEAD_DIM_128),
-    (flash_fwd_d128_bf16_causal, Bf16, true, false, HEAD_DIM_128),
+    (flash_fwd_d128_bf16_causal, Bf16, true, false, causal(128)),
     (flash_fwd_d128_bf16_general, Bf16, false, true, general(128)),
     (flash_fwd_d128_bf16_decode, Bf16, false, true, decode(128)),
     (flash_fwd_d160_f16_full, F16, false, false, HEAD_DIM_160),
-    (flash_fwd_d160_f16_causal, F16, true, false, HEAD_DIM_160),
+    (flash_fwd_d160_f16_causal, F16, true, false, causal(160)),
     (flash_fwd_d160_f16_general, F16, false, true, general(160)),
     (flash_fwd_d160_f16_decode, F16, false, true, decode(160)),
     (flash_fwd_d160_bf16_full, Bf16, false, false, HEAD_DIM_160),
-    (flash_fwd_d160_bf16_causal, Bf16, true, false, HEAD_DIM_160),
+    (flash_fwd_d160_bf16_causal, Bf16, true, false, causal(160)),
     (flash_fwd_d160_bf16_general, Bf16, false, true, general(160)),
     (flash_fwd_d160_bf16_decode, Bf16, false, true, decode(160)),
     (flash_fwd_d192_f16_full, F16, false, false, HEAD_DIM_192),
-    (flash_fwd_d192_f16_causal, F16, true, false, HEAD_DIM_192),
+    (flash_fwd_d192_f16_causal, F16, true, false, causal(192)),
     (flash_fwd_d192_f16_general, F16, false, true, general(192)),
     (flash_fwd_d192_f16_decode, F16, false, true, decode(192)),
     (flash_fwd_d192_bf16_full, Bf16, false, false, HEAD_DIM_192),
-    (flash_fwd_d192_bf16_causal, Bf16, true, false, HEAD_DIM_192),
+    (flash_fwd_d192_bf16_causal, Bf16, true, false, causal(192)),
     (flash_fwd_d192_bf16_general, Bf16, false, true, general(192)),
     (flash_fwd_d192_bf16_decode, Bf16, false, true, decode(192)),
     (flash_fwd_d224_f16_full, F16, false, false, HEAD_DIM_224),
-    (flash_fwd_d224_f16_causal, F16, true, false, HEAD_DIM_224),
+    (flash_fwd_d224_f16_causal, F16, true, false, causal(224)),
     (flash_fwd_d224_f16_general, F16, false, true, general(224)),
     (flash_fwd_d224_f16_decode, F16, false, true, decode(224)),
     (flash_fwd_d224_bf16_full, Bf16, false, false, HEAD_DIM_224),
-    (flash_fwd_d224_bf16_causal, Bf16, true, false, HEAD_DIM_224),
+    (flash_fwd_d224_bf16_causal, Bf16, true, false, causal(224)),
     (flash_fwd_d224_bf16_general, Bf16, false, true, general(224)),
     (flash_fwd_d224_bf16_decode, Bf16, false, true, decode(224)),
     (flash_fwd_d256_f16_full, F16, false, false, HEAD_DIM_256),
-    (flash_fwd_d256_f16_causal, F16, true, false, HEAD_DIM_256),
+    (flash_fwd_d256_f16_causal, F16, true, false, causal(256)),
     (flash_fwd_d256_f16_general, F16, false, true, general(256)),
     (flash_fwd_d256_f16_decode, F16, false, true, decode(256)),
     (flash_fwd_d256_bf16_full, Bf16, false, false, HEAD_DIM_256),
-    (flash_fwd_d256_bf16_causal, Bf16, true, false, HEAD_DIM_256),
+    (flash_fwd_d256_bf16_causal, Bf16, true, false, causal(256)),
     (flash_fwd_d256_bf16_general, Bf16, false, true, general(256)),
     (flash_fwd_d256_bf16_decode, Bf16, false, true, decode(256)),
 }
