@@ -384,7 +384,7 @@ mod tests {
         windowed.window_left = 256;
         let general = plan(windowed, 2, 64, Some(1), 0, h100).unwrap();
         assert_eq!(general.variant, KernelVariant::General);
-        assert_eq!(general.config, tile_config(64).unwrap());
+        assert_eq!(general.config, config::general_tile_config(64).unwrap());
         let mut short = args(16, 1000, 8, 8, 64);
         short.softcap_scale = 0.1;
         let decode = plan(short, 2, 64, Some(1), 0, h100).unwrap();

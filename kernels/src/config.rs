@@ -91,16 +91,16 @@ pub const HEAD_DIM_96: TileConfig = TileConfig { stages: 1, ..TileConfig::new(96
 pub const HEAD_DIM_128: TileConfig = TileConfig { stages: 1, ..TileConfig::new(128, 4, 2, 64, false) };
 /// Head dim 160: one K/V stage (TUNING.md step 14: 1.5-2.6% faster than
 /// two).
-pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 8, 1, 64, false) };
+pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 4, 1, 64, false) };
 /// Head dim 192: one K/V stage (TUNING.md step 13).
-pub const HEAD_DIM_192: TileConfig = TileConfig { stages: 1, ..TileConfig::new(192, 8, 1, 64, false) };
+pub const HEAD_DIM_192: TileConfig = TileConfig { stages: 1, ..TileConfig::new(192, 4, 1, 64, false) };
 /// Head dim 224: 64-key blocks in one K/V stage, which fit 255 registers
 /// since the tile loads' row offsets are 32-bit (TUNING.md step 14: 3-12%
 /// faster than 32-key blocks).
 pub const HEAD_DIM_224: TileConfig = TileConfig { stages: 1, ..TileConfig::new(224, 8, 1, 64, false) };
 /// Head dim 256: 64-key blocks in one K/V stage (TUNING.md step 13; two
 /// blocks of 4 warps and 32-key blocks in two stages were 8-11% slower).
-pub const HEAD_DIM_256: TileConfig = TileConfig { stages: 1, ..TileConfig::new(256, 8, 1, 64, false) };
+pub const HEAD_DIM_256: TileConfig = TileConfig { stages: 1, ..TileConfig::new(256, 4, 1, 64, false) };
 
 /// Every head dim with kernels.
 pub const HEAD_DIMS: [u32; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
@@ -121,28 +121,35 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 }
 
 /// The tile config of the dense causal kernels (`flash_fwd_d*_causal`) for
-/// `head_dim`: the dense shape, but two K/V stages at d=96 and d=128, where
-/// one stage with the diagonal blocks' masking spills (d=96: 72 B) and two
-/// are as fast or faster (TUNING.md step 19).
+/// `head_dim`: the dense shape, with two K/V stages at d=96 and d=128, where
+/// one stage beside the diagonal blocks' masking spills (d=96: 72 B) or is
+/// slower, and one at d=64, 1-3% faster there than the dense kernel's two
+/// (TUNING.md step 19).
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
-        Some(dense) => {
-            Some(TileConfig { stages: if head_dim == 96 || head_dim == 128 { 2 } else { dense.stages }, ..dense })
-        }
+        Some(dense) => Some(TileConfig {
+            stages: match head_dim {
+                64 => 1,
+                96 | 128 => 2,
+                _ => dense.stages,
+            },
+            ..dense
+        }),
         None => None,
     }
 }
 
 /// The tile config of the general kernels (`flash_fwd_d*_general`) for
-/// `head_dim`: the causal kernels' shape and launch geometry, but with
-/// 32-key blocks at d=96 and two stages at d=192, where the features' extra
-/// registers would not fit beside the dense shape's (it spills).
+/// `head_dim`: the causal kernels' shape, except where the features' extra
+/// registers do not fit beside it without spilling: 32-key blocks at d=96,
+/// and at d=192 8 warps of 16 rows in two stages (4 warps spill in one
+/// stage or two).
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
     match causal_tile_config(head_dim) {
-        Some(dense) => Some(TileConfig {
-            block_n: if head_dim == 96 { 32 } else { dense.block_n },
-            stages: if head_dim == 192 { 2 } else { dense.stages },
-            ..dense
+        Some(causal) => Some(match head_dim {
+            96 => TileConfig { block_n: 32, ..causal },
+            192 => TileConfig::new(192, 8, 1, 64, false),
+            _ => causal,
         }),
         None => None,
     }
