@@ -70,10 +70,11 @@ impl TileConfig {
     }
 }
 
-// Shapes per head dim, each the fastest measured (TUNING.md) or, for the
-// head dims not tuned yet, one that fits 255 registers without spills and
-// sm_80's 163 KiB of shared memory. 32 query rows per warp up to d=128; from
-// d=160 the O accumulators of 32 rows no longer fit, so 8 warps of 16 rows.
+// Shapes per head dim, each the fastest measured (TUNING.md) that fits 255
+// registers without spills and sm_80's 163 KiB of shared memory. 32 query
+// rows per warp up to d=128; from d=160 the O accumulators of 32 rows no
+// longer fit, so 16 rows per warp, in blocks of 4 warps (two blocks per SM)
+// except at d=224.
 
 /// Head dim 32.
 pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
@@ -89,17 +90,20 @@ pub const HEAD_DIM_96: TileConfig = TileConfig { stages: 1, ..TileConfig::new(96
 /// step 2), 64-key blocks in one K/V stage (step 19: 9% faster than 32-key
 /// blocks in two).
 pub const HEAD_DIM_128: TileConfig = TileConfig { stages: 1, ..TileConfig::new(128, 4, 2, 64, false) };
-/// Head dim 160: one K/V stage (TUNING.md step 14: 1.5-2.6% faster than
-/// two).
+/// Head dim 160: 4 warps of 16 rows, 64-key blocks in one K/V stage
+/// (TUNING.md step 20: 15-25% faster than 8 warps).
 pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 4, 1, 64, false) };
-/// Head dim 192: one K/V stage (TUNING.md step 13).
+/// Head dim 192: 4 warps of 16 rows, 64-key blocks in one K/V stage
+/// (TUNING.md steps 13 and 20: 3-10% faster than 8 warps).
 pub const HEAD_DIM_192: TileConfig = TileConfig { stages: 1, ..TileConfig::new(192, 4, 1, 64, false) };
-/// Head dim 224: 64-key blocks in one K/V stage, which fit 255 registers
-/// since the tile loads' row offsets are 32-bit (TUNING.md step 14: 3-12%
-/// faster than 32-key blocks).
+/// Head dim 224: 8 warps of 16 rows, 64-key blocks in one K/V stage, which
+/// fit 255 registers since the tile loads' row offsets are 32-bit (TUNING.md
+/// step 14: 3-12% faster than 32-key blocks). 4 warps spill with 64-key
+/// blocks and are 2-6% slower with 32-key blocks (step 20).
 pub const HEAD_DIM_224: TileConfig = TileConfig { stages: 1, ..TileConfig::new(224, 8, 1, 64, false) };
-/// Head dim 256: 64-key blocks in one K/V stage (TUNING.md step 13; two
-/// blocks of 4 warps and 32-key blocks in two stages were 8-11% slower).
+/// Head dim 256: 4 warps of 16 rows, 64-key blocks in one K/V stage
+/// (TUNING.md step 20: 3-12% faster than 8 warps; step 13: 4 warps with
+/// 32-key blocks in two stages were 8-11% slower).
 pub const HEAD_DIM_256: TileConfig = TileConfig { stages: 1, ..TileConfig::new(256, 4, 1, 64, false) };
 
 /// Every head dim with kernels.
