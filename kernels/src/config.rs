@@ -32,6 +32,10 @@ pub struct TileConfig {
     /// Shared-memory stages of each of K and V: the key loop keeps up to
     /// `stages - 1` key blocks in flight ahead of the one it computes.
     pub stages: u32,
+    /// With two stages: wait for both K and V of a block at the top of its
+    /// step, one barrier per step, instead of waiting for V only before
+    /// P V, behind a second barrier (more stages always wait at the top).
+    pub wait_kv_at_top: bool,
 }
 
 impl TileConfig {
@@ -66,6 +70,7 @@ impl TileConfig {
             m_tiles,
             q_in_registers,
             stages: 2,
+            wait_kv_at_top: false,
         }
     }
 }
@@ -79,8 +84,9 @@ impl TileConfig {
 /// Head dim 32.
 pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 /// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
-/// (TUNING.md, step 3).
-pub const HEAD_DIM_64: TileConfig = TileConfig::new(64, 4, 2, 64, true);
+/// (TUNING.md, step 3), two K/V stages with one barrier per step (step 22:
+/// 3-5% faster than two barriers).
+pub const HEAD_DIM_64: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(64, 4, 2, 64, true) };
 /// Head dim 96: FlashAttention-2's shape, 32 rows per warp, 64-key blocks,
 /// Q re-read from shared memory (TUNING.md step 14: 2-8% faster than 32-key
 /// blocks with Q in registers), one K/V stage (step 19: 7% faster than two).
@@ -128,7 +134,7 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 /// `head_dim`: the dense shape, with two K/V stages at d=96 and d=128, where
 /// one stage beside the diagonal blocks' masking spills (d=96: 72 B) or is
 /// slower, and one at d=64, 1-3% faster there than the dense kernel's two
-/// (TUNING.md step 19).
+/// (TUNING.md steps 19-20). Two stages wait for K and V separately.
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
@@ -137,6 +143,7 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
                 96 | 128 => 2,
                 _ => dense.stages,
             },
+            wait_kv_at_top: false,
             ..dense
         }),
         None => None,
@@ -183,6 +190,7 @@ pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
         m_tiles: 1,
         q_in_registers: head_dim <= 128,
         stages: 1,
+        wait_kv_at_top: false,
     })
 }
 

@@ -107,6 +107,7 @@ macro_rules! forward_kernels {
             { C.m_tiles as usize },
             { C.q_in_registers },
             { C.stages as usize },
+            { C.wait_kv_at_top },
         >($params)
     }};
 }

@@ -32,7 +32,7 @@ use crate::warp_merge;
 /// The derived shape parameters must agree (`HEAD_DIM_16 = HEAD_DIM / 16`,
 /// `DIM_TILES = HEAD_DIM / 8`, `N_TILES = BLOCK_N / 8`,
 /// `N_STEPS = BLOCK_N / 16`); they are asserted at compile time. `STAGES`
-/// is 1 to 4.
+/// is 1 to 4; `WAIT_KV_AT_TOP` chooses the two-stage loop's waits.
 ///
 /// # Safety
 /// `params` must describe tensors the host validated for this instance, and
@@ -55,6 +55,7 @@ pub unsafe fn flash_forward<
     const M_TILES: usize,
     const Q_IN_REGISTERS: bool,
     const STAGES: usize,
+    const WAIT_KV_AT_TOP: bool,
 >(
     params: &ForwardParams,
 ) {
@@ -63,6 +64,7 @@ pub unsafe fn flash_forward<
         assert!(N_TILES * 8 == BLOCK_N && N_STEPS * 16 == BLOCK_N);
         assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
         assert!(STAGES >= 1 && STAGES <= 4);
+        assert!(!WAIT_KV_AT_TOP || STAGES == 2, "only the two-stage loop has a choice of waits");
         assert!(!WARPS_SPLIT_KEYS || GENERAL, "only the general kernels split the keys among warps");
         // The merge's scratch overlays the warps' K/V stages.
         assert!(
@@ -217,8 +219,10 @@ pub unsafe fn flash_forward<
     //   of blocks n down to n - (STAGES - 2). The top barrier says every
     //   warp is done with the stage of block n + 1, which then takes block
     //   n - (STAGES - 1). Two stages wait for K[n] only at the top, then for
-    //   V[n] before P V, so that each block's copies have a whole step to
-    //   land; more stages wait for both at the top, one barrier per step.
+    //   V[n] before P V behind a second barrier, so that V's copies have the
+    //   Q K^T and softmax longer to land, unless `WAIT_KV_AT_TOP`; more
+    //   stages, and two with `WAIT_KV_AT_TOP`, wait for both at the top, one
+    //   barrier per step (each block's copies still had a whole step).
     for step in 0..n_end - n_begin {
         let n = n_end - 1 - step;
         let (stage, next_stage) = match STAGES {
@@ -229,7 +233,7 @@ pub unsafe fn flash_forward<
         let last = n == n_begin;
         cp_async_wait_pending(match STAGES {
             1 => 0,
-            2 => 1,
+            2 if !WAIT_KV_AT_TOP => 1,
             _ => 2 * (STAGES - 2),
         });
         kv_barrier();
@@ -257,7 +261,7 @@ pub unsafe fn flash_forward<
             if !last {
                 load_key_block(k_tile(0), n - 1, true);
             }
-        } else if STAGES == 2 {
+        } else if STAGES == 2 && !WAIT_KV_AT_TOP {
             if !last {
                 arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
             } else {
