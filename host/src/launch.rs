@@ -360,9 +360,15 @@ mod tests {
         assert_eq!(plan.args.num_splits, 1);
         assert_eq!(plan.scratch.bytes, 0);
         assert_eq!(plan.combine_blocks, 0);
+        assert_eq!(plan.config, tile_config(128).unwrap());
         let mut causal = args(1000, 1000, 8, 8, 128);
         causal.window_right = 0;
-        assert_eq!(super::plan(causal, 16, 128, None, 0, h100).unwrap().variant, KernelVariant::Causal);
+        let causal_plan = super::plan(causal, 16, 128, None, 0, h100).unwrap();
+        assert_eq!(causal_plan.variant, KernelVariant::Causal);
+        // The causal kernels' own shape (two K/V stages at d=128, one dense):
+        // the launch's shared memory must be theirs.
+        assert_eq!(causal_plan.config, config::causal_tile_config(128).unwrap());
+        assert!(causal_plan.config.smem_bytes() > plan.config.smem_bytes());
         // Forced not to split, a small grid stays dense too.
         assert_eq!(super::plan(causal, 1, 128, Some(1), 0, h100).unwrap().variant, KernelVariant::Causal);
     }
