@@ -5,7 +5,6 @@
 use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
 use crate::params::{self, ForwardParams};
-use crate::validate::tile_config;
 
 /// The most CTAs the keys of one query block are split among.
 pub const MAX_SPLITS: usize = params::MAX_SPLITS as usize;
@@ -55,21 +54,13 @@ impl KernelVariant {
 
     /// The tile config the variant was compiled with for `head_dim`.
     pub(crate) fn tile_config(self, head_dim: usize) -> Result<TileConfig> {
-        match self {
-            KernelVariant::Decode => u32::try_from(head_dim)
-                .ok()
-                .and_then(config::decode_tile_config)
-                .ok_or(Error::UnsupportedHeadDim(head_dim)),
-            KernelVariant::Causal => u32::try_from(head_dim)
-                .ok()
-                .and_then(config::causal_tile_config)
-                .ok_or(Error::UnsupportedHeadDim(head_dim)),
-            KernelVariant::General => u32::try_from(head_dim)
-                .ok()
-                .and_then(config::general_tile_config)
-                .ok_or(Error::UnsupportedHeadDim(head_dim)),
-            _ => tile_config(head_dim),
-        }
+        let config_of = match self {
+            KernelVariant::Full => config::tile_config,
+            KernelVariant::Causal => config::causal_tile_config,
+            KernelVariant::General => config::general_tile_config,
+            KernelVariant::Decode => config::decode_tile_config,
+        };
+        u32::try_from(head_dim).ok().and_then(config_of).ok_or(Error::UnsupportedHeadDim(head_dim))
     }
 }
 
@@ -236,10 +227,9 @@ pub(crate) fn plan(
     // Uploaded lengths become `seqused_k` at launch: a general-kernel feature.
     let (variant, config) = if needs_general(&args) || seqused_len > 0 {
         (split_variant, split_config)
-    } else if args.window_right == 0 {
-        (KernelVariant::Causal, KernelVariant::Causal.tile_config(head_dim)?)
     } else {
-        (KernelVariant::Full, tile_config(head_dim)?)
+        let dense = if args.window_right == 0 { KernelVariant::Causal } else { KernelVariant::Full };
+        (dense, dense.tile_config(head_dim)?)
     };
     let grid_x = rows.div_ceil(config.block_m as usize) * num_splits;
     if grid_x > MAX_GRID_X {
@@ -360,7 +350,7 @@ mod tests {
         assert_eq!(plan.args.num_splits, 1);
         assert_eq!(plan.scratch.bytes, 0);
         assert_eq!(plan.combine_blocks, 0);
-        assert_eq!(plan.config, tile_config(128).unwrap());
+        assert_eq!(plan.config, config::tile_config(128).unwrap());
         let mut causal = args(1000, 1000, 8, 8, 128);
         causal.window_right = 0;
         let causal_plan = super::plan(causal, 16, 128, None, 0, h100).unwrap();

@@ -40,28 +40,15 @@ pub struct HostKernel {
     pub run: unsafe fn(&ForwardParams),
 }
 
-/// The causal tile config of `head_dim`, at compile time.
+// The per-variant tile configs of `head_dim`, at compile time.
 const fn causal(head_dim: u32) -> TileConfig {
-    match causal_tile_config(head_dim) {
-        Some(config) => config,
-        None => panic!("no causal config"),
-    }
+    causal_tile_config(head_dim).expect("no causal config")
 }
-
-/// The general tile config of `head_dim`, at compile time.
 const fn general(head_dim: u32) -> TileConfig {
-    match general_tile_config(head_dim) {
-        Some(config) => config,
-        None => panic!("no general config"),
-    }
+    general_tile_config(head_dim).expect("no general config")
 }
-
-/// The decode tile config of `head_dim`, at compile time.
 const fn decode(head_dim: u32) -> TileConfig {
-    match decode_tile_config(head_dim) {
-        Some(config) => config,
-        None => panic!("no decode config"),
-    }
+    decode_tile_config(head_dim).expect("no decode config")
 }
 
 macro_rules! forward_kernels {
