@@ -36,6 +36,11 @@ pub struct TileConfig {
     /// step, one barrier per step, instead of waiting for V only before
     /// P V, behind a second barrier (more stages always wait at the top).
     pub wait_kv_at_top: bool,
+    /// Dense causal kernels: run the key blocks that need the causal mask
+    /// (the diagonal ones, seqlen_k's end) and those that need none in two
+    /// copies of the key loop, so that the unmasked copy carries no mask
+    /// code or branch; else one loop asks per block.
+    pub split_masked_steps: bool,
 }
 
 impl TileConfig {
@@ -71,6 +76,7 @@ impl TileConfig {
             q_in_registers,
             stages: 2,
             wait_kv_at_top: false,
+            split_masked_steps: false,
         }
     }
 }
@@ -134,7 +140,9 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 /// `head_dim`: the dense shape, with two K/V stages at d=96 and d=128, where
 /// one stage beside the diagonal blocks' masking spills (d=96: 72 B) or is
 /// slower, and one at d=64, 1-3% faster there than the dense kernel's two
-/// (TUNING.md steps 19-20). Two stages wait for K and V separately.
+/// (TUNING.md steps 19-20). Two stages wait for K and V separately. At
+/// d=128 the masked and unmasked key blocks run in separate loops (step
+/// 23: 2-5% faster; 1-2% slower at d=64).
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
@@ -144,6 +152,7 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
                 _ => dense.stages,
             },
             wait_kv_at_top: false,
+            split_masked_steps: head_dim == 128,
             ..dense
         }),
         None => None,
@@ -158,9 +167,9 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
     match causal_tile_config(head_dim) {
         Some(causal) => Some(match head_dim {
-            96 => TileConfig { block_n: 32, ..causal },
+            96 => TileConfig { block_n: 32, split_masked_steps: false, ..causal },
             192 => TileConfig::new(192, 8, 1, 64, false),
-            _ => causal,
+            _ => TileConfig { split_masked_steps: false, ..causal },
         }),
         None => None,
     }
@@ -191,6 +200,7 @@ pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
         q_in_registers: head_dim <= 128,
         stages: 1,
         wait_kv_at_top: false,
+        split_masked_steps: false,
     })
 }
 

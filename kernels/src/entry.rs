@@ -95,6 +95,7 @@ macro_rules! forward_kernels {
             { C.q_in_registers },
             { C.stages as usize },
             { C.wait_kv_at_top },
+            { C.split_masked_steps },
         >($params)
     }};
 }

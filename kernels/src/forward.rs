@@ -56,6 +56,7 @@ pub unsafe fn flash_forward<
     const Q_IN_REGISTERS: bool,
     const STAGES: usize,
     const WAIT_KV_AT_TOP: bool,
+    const SPLIT_MASKED_STEPS: bool,
 >(
     params: &ForwardParams,
 ) {
@@ -65,6 +66,7 @@ pub unsafe fn flash_forward<
         assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
         assert!(STAGES >= 1 && STAGES <= 4);
         assert!(!WAIT_KV_AT_TOP || STAGES == 2, "only the two-stage loop has a choice of waits");
+        assert!(!SPLIT_MASKED_STEPS || CAUSAL, "only the dense causal kernels know their masked blocks up front");
         assert!(!WARPS_SPLIT_KEYS || GENERAL, "only the general kernels split the keys among warps");
         // The merge's scratch overlays the warps' K/V stages.
         assert!(
@@ -223,53 +225,75 @@ pub unsafe fn flash_forward<
     //   Q K^T and softmax longer to land, unless `WAIT_KV_AT_TOP`; more
     //   stages, and two with `WAIT_KV_AT_TOP`, wait for both at the top, one
     //   barrier per step (each block's copies still had a whole step).
-    for step in 0..n_end - n_begin {
-        let n = n_end - 1 - step;
-        let (stage, next_stage) = match STAGES {
-            1 => (0, 0),
-            2 => (step % 2, 1 - step % 2),
-            _ => (step % stages, (step + stages - 1) % stages),
-        };
-        let last = n == n_begin;
-        cp_async_wait_pending(match STAGES {
-            1 => 0,
-            2 if !WAIT_KV_AT_TOP => 1,
-            _ => 2 * (STAGES - 2),
-        });
-        kv_barrier();
-        if STAGES == 1 {
-            load_key_block(v_tile(0), n, false);
-        } else {
-            prefetch(next_stage, step + stages - 1);
-        }
-
-        let mut s =
-            mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(&q_operand, k_tile(stage), lane);
-        let first_key = n * block_n;
-        if GENERAL && modifiers.active() {
-            modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-        }
-        if visibility.block_needs_mask(first_row, last_row, first_key, block_n) {
-            mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-        }
-        softmax.update(&mut s, &mut o, scale_log2);
-        let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
-
-        if STAGES == 1 {
-            arch::cp_async_wait::<0>(); // V[n] has landed
-            kv_barrier(); // and every warp is done with K[n].
-            if !last {
-                load_key_block(k_tile(0), n - 1, true);
-            }
-        } else if STAGES == 2 && !WAIT_KV_AT_TOP {
-            if !last {
-                arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
-            } else {
-                arch::cp_async_wait::<0>();
-            }
+    // With SPLIT_MASKED_STEPS the key loop runs in two copies: the first
+    // steps (the last key blocks: the diagonal, seqlen_k's end) with the
+    // mask, the rest without, so the unmasked steps carry no mask code or
+    // branch. Else one loop decides per block.
+    let masked_steps = if SPLIT_MASKED_STEPS {
+        n_end - n_end.min(n_begin.max(visibility.first_block_past_row_end(first_row, block_n)))
+    } else {
+        0
+    };
+    macro_rules! key_step {
+        ($step:expr, $masked:expr) => {{
+            let step: u32 = $step;
+            let n = n_end - 1 - step;
+            let (stage, next_stage) = match STAGES {
+                1 => (0, 0),
+                2 => (step % 2, 1 - step % 2),
+                _ => (step % stages, (step + stages - 1) % stages),
+            };
+            let last = n == n_begin;
+            cp_async_wait_pending(match STAGES {
+                1 => 0,
+                2 if !WAIT_KV_AT_TOP => 1,
+                _ => 2 * (STAGES - 2),
+            });
             kv_barrier();
-        }
-        mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
+            if STAGES == 1 {
+                load_key_block(v_tile(0), n, false);
+            } else {
+                prefetch(next_stage, step + stages - 1);
+            }
+
+            let mut s = mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                &q_operand,
+                k_tile(stage),
+                lane,
+            );
+            let first_key = n * block_n;
+            if GENERAL && modifiers.active() {
+                modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+            }
+            if $masked || (!SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
+            {
+                mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+            }
+            softmax.update(&mut s, &mut o, scale_log2);
+            let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
+
+            if STAGES == 1 {
+                arch::cp_async_wait::<0>(); // V[n] has landed
+                kv_barrier(); // and every warp is done with K[n].
+                if !last {
+                    load_key_block(k_tile(0), n - 1, true);
+                }
+            } else if STAGES == 2 && !WAIT_KV_AT_TOP {
+                if !last {
+                    arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
+                } else {
+                    arch::cp_async_wait::<0>();
+                }
+                kv_barrier();
+            }
+            mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
+        }};
+    }
+    for step in 0..masked_steps {
+        key_step!(step, true);
+    }
+    for step in masked_steps..n_end - n_begin {
+        key_step!(step, false);
     }
 
     if WARPS_SPLIT_KEYS && WARPS > 1 {

@@ -158,6 +158,15 @@ impl Visibility {
         }
     }
 
+    /// The first key block whose scores `first_row` and later rows do not
+    /// all see: every later block needs the mask too. Earlier blocks need
+    /// none where there is no left window (the dense kernels).
+    #[inline(always)]
+    pub fn first_block_past_row_end(&self, first_row: u32, block_n: u32) -> u32 {
+        let (_, first_end) = self.keys_of_row(first_row as i32);
+        first_end.max(0) as u32 / block_n
+    }
+
     /// Whether some score of rows `first_row..=last_row` in the key block
     /// `first_key..first_key + block_n` is masked.
     #[inline(always)]
