@@ -19,6 +19,9 @@
 //! decode loop): a run of calls, each over its own region of K and V so
 //! that together they read far more than L2 holds, queued while the GPU
 //! is still busy with a flush, timed as a whole and divided by the calls.
+//! Beside them, the same regions copied back to back (K onto V, as many
+//! bytes moved as the call reads): the copy bandwidth at the row's size,
+//! which small rows cannot beat however fast the kernel.
 //!
 //! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]
 //! [--decode-only | --no-decode] [--decode-batches B,B..] [--decode-caches
@@ -205,6 +208,10 @@ struct DecodeRow {
     back_to_back_ms: f64,
     /// The host's time to queue one of the back-to-back calls.
     host_us: f64,
+    /// Per copy, back to back over the same regions: device-to-device
+    /// copies moving as many bytes (half of them read, half written) as the
+    /// call reads, what the copy bandwidth comes to at this size.
+    same_bytes_copy_ms: f64,
 }
 
 /// Fills `buffer` with random normal f16 values: a 16 MiB random block,
@@ -310,7 +317,22 @@ fn decode_rows(
         host_seconds.sort_by(f64::total_cmp);
         let host_us = 1e6 * host_seconds[host_seconds.len() / 2] / regions as f64;
         let back_to_back_ms = run_ms / regions as f64;
-        rows.push(DecodeRow { batch, cache, kv_bytes: kv_bytes(batch, cache), time_ms, back_to_back_ms, host_us });
+        // The same regions' K copied onto their V, as many copies back to
+        // back (the values stay random normals).
+        let copy_ms = median_ms(stream, reps.min(5), flush_four, || {
+            parts.iter().try_for_each(|(k, v)| {
+                copy_async(v.as_device_ptr().as_raw(), k.as_device_ptr().as_raw(), 2 * region_len, stream)
+            })
+        })?;
+        rows.push(DecodeRow {
+            batch,
+            cache,
+            kv_bytes: kv_bytes(batch, cache),
+            time_ms,
+            back_to_back_ms,
+            host_us,
+            same_bytes_copy_ms: copy_ms / regions as f64,
+        });
     }
     Ok(rows)
 }
@@ -418,14 +440,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             copy / 1e9
         );
         println!(
-            "| batch | cache | KV MiB | one call us | KV / copy | back to back us | host us | KV read GB/s | copy GB/s | KV / copy |"
+            "| batch | cache | KV MiB | one call us | KV / copy | back to back us | host us | KV read GB/s | copy GB/s | KV / copy | same-bytes copy GB/s | KV / same-bytes copy |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
         for row in &rows {
             let one_call_gbps = row.kv_bytes as f64 / (row.time_ms * 1e-3);
             let gbps = row.kv_bytes as f64 / (row.back_to_back_ms * 1e-3);
+            let same_bytes_gbps = row.kv_bytes as f64 / (row.same_bytes_copy_ms * 1e-3);
             println!(
-                "| {} | {} | {} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.0} | {:.0} | {:.0}% |",
+                "| {} | {} | {} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.0} | {:.0} | {:.0}% | {:.0} | {:.0}% |",
                 row.batch,
                 row.cache,
                 row.kv_bytes >> 20,
@@ -435,12 +458,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 row.host_us,
                 gbps / 1e9,
                 copy / 1e9,
-                100.0 * gbps / copy
+                100.0 * gbps / copy,
+                same_bytes_gbps / 1e9,
+                100.0 * gbps / same_bytes_gbps
             );
             if let Some(f) = out.as_mut() {
                 writeln!(
                     f,
-                    "{{\"kind\":\"decode\",\"dtype\":\"f16\",\"head_dim\":{DECODE_HEAD_DIM},\"heads_q\":{heads_q},\"heads_kv\":{heads_kv},\"batch\":{},\"cache\":{},\"kv_bytes\":{},\"time_us\":{:.3},\"back_to_back_us\":{:.3},\"host_us\":{:.3},\"kv_gbps\":{:.3},\"copy_gbps\":{:.3}}}",
+                    "{{\"kind\":\"decode\",\"dtype\":\"f16\",\"head_dim\":{DECODE_HEAD_DIM},\"heads_q\":{heads_q},\"heads_kv\":{heads_kv},\"batch\":{},\"cache\":{},\"kv_bytes\":{},\"time_us\":{:.3},\"back_to_back_us\":{:.3},\"host_us\":{:.3},\"kv_gbps\":{:.3},\"copy_gbps\":{:.3},\"same_bytes_copy_gbps\":{:.3}}}",
                     row.batch,
                     row.cache,
                     row.kv_bytes,
@@ -448,7 +473,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     row.back_to_back_ms * 1e3,
                     row.host_us,
                     gbps / 1e9,
-                    copy / 1e9
+                    copy / 1e9,
+                    same_bytes_gbps / 1e9
                 )?;
             }
         }
