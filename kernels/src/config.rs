@@ -160,14 +160,16 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
 }
 
 /// The tile config of the general kernels (`flash_fwd_d*_general`) for
-/// `head_dim`: the causal kernels' shape, except where the features' extra
-/// registers do not fit beside it without spilling: 32-key blocks at d=96,
+/// `head_dim`: the causal kernels' shape in one loop, except where the
+/// features' extra registers do not fit beside it without spilling: 32-key
+/// blocks at d=96, one K/V stage at d=128 (two spill 12 B since step 24),
 /// and at d=192 8 warps of 16 rows in two stages (4 warps spill in one
 /// stage or two).
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
     match causal_tile_config(head_dim) {
         Some(causal) => Some(match head_dim {
             96 => TileConfig { block_n: 32, split_masked_steps: false, ..causal },
+            128 => TileConfig { stages: 1, split_masked_steps: false, ..causal },
             192 => TileConfig::new(192, 8, 1, 64, false),
             _ => TileConfig { split_masked_steps: false, ..causal },
         }),

@@ -53,6 +53,9 @@ pub mod output {
     pub const PACK_BF16: usize = 35;
     /// Word [`ld_shared_word`] of the shared image, by `ld.shared.b32`.
     pub const LD_SHARED: usize = 36;
+    /// `vote.sync.any` of "the low 6 bits of the lane's shuffle input are
+    /// 0" (true in about 40% of random warps), as 1 or 0.
+    pub const VOTE_ANY: usize = 37;
 }
 
 /// The word of the shared-memory image that lane `lane` loads with
@@ -115,4 +118,5 @@ pub unsafe fn probe_primitives(input: *const u32, output: *mut u32) {
     put(output::PACK_F16, arch::pack_f16x2(float(input::PACK), float(input::PACK + 1)));
     put(output::PACK_BF16, arch::pack_bf16x2(float(input::PACK), float(input::PACK + 1)));
     put(output::LD_SHARED, arch::ld_shared_u32(smem + 4 * ld_shared_word(lane)));
+    put(output::VOTE_ANY, arch::any_sync(float(input::SHUFFLE).to_bits() & 63 == 0) as u32);
 }

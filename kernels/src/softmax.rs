@@ -11,9 +11,15 @@ use crate::arch;
 use crate::mma::Accumulators;
 use crate::problem::Visibility;
 
+/// How far (log2, scaled) a row's scores may rise above its reference max
+/// before the references move: probabilities stay below 2^8, well inside
+/// f16 and bf16, and most key blocks after the first move none.
+pub const RESCALE_THRESHOLD_LOG2: f32 = 8.0;
+
 /// Running max and partial sum of each of the lane's rows.
 pub struct OnlineSoftmax<const M_TILES: usize> {
-    /// Largest unscaled score seen per row (-inf before any).
+    /// Reference max per row, unscaled: the largest score seen, or less by
+    /// at most the rescale threshold (scaled); -inf before any.
     pub(crate) row_max: [[f32; 2]; M_TILES],
     /// This lane's part of the sum of `p` per row, relative to `row_max`;
     /// the quad's parts are added only at the end.
@@ -27,8 +33,11 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
     }
 
     /// Turns the scores `s` of one key block into probabilities in place,
-    /// moves each row's max, and rescales the row's sum and output `o`
-    /// to the new max.
+    /// relative to each row's reference max `row_max`. The references move
+    /// (rescaling the rows' sums and outputs `o`) only when some row of the
+    /// warp sees a score more than [`RESCALE_THRESHOLD_LOG2`] above its
+    /// reference, scaled: until then each `p` is at most 2^threshold, and
+    /// the block skips the rescale's multiplies and its branch is uniform.
     #[inline(always)]
     pub fn update<const N_TILES: usize, const DIM_TILES: usize>(
         &mut self,
@@ -36,24 +45,44 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
         o: &mut Accumulators<M_TILES, DIM_TILES>,
         scale_log2: f32,
     ) {
+        let mut block_max = self.row_max;
+        let mut moves = false;
         for m in 0..M_TILES {
             for half in 0..2 {
-                let mut block_max = self.row_max[m][half];
+                let mut max = block_max[m][half];
                 for tile in s[m].iter() {
-                    block_max = block_max.max(tile[2 * half]).max(tile[2 * half + 1]);
+                    max = max.max(tile[2 * half]).max(tile[2 * half + 1]);
                 }
-                block_max = block_max.max(arch::shfl_xor_f32(block_max, 1));
-                block_max = block_max.max(arch::shfl_xor_f32(block_max, 2));
-                // A row with every score masked so far keeps max -inf; shift
-                // by 0 then so that exp2(-inf - shift) is 0, not NaN.
-                let shift = if block_max == f32::NEG_INFINITY { 0.0 } else { block_max * scale_log2 };
-                let rescale = arch::exp2(self.row_max[m][half] * scale_log2 - shift);
-                self.row_max[m][half] = block_max;
-                let mut sum = self.row_sum[m][half] * rescale;
-                for tile in o[m].iter_mut() {
-                    tile[2 * half] *= rescale;
-                    tile[2 * half + 1] *= rescale;
+                max = max.max(arch::shfl_xor_f32(max, 1));
+                max = max.max(arch::shfl_xor_f32(max, 2));
+                block_max[m][half] = max;
+                // -inf references always move to a finite max (the
+                // difference is +inf); rows still all -inf give NaN, false.
+                moves |= (max - self.row_max[m][half]) * scale_log2 > RESCALE_THRESHOLD_LOG2;
+            }
+        }
+        if arch::any_sync(moves) {
+            for m in 0..M_TILES {
+                for half in 0..2 {
+                    let max = block_max[m][half];
+                    // A row with every score masked so far keeps max -inf;
+                    // shift by 0 then so that exp2(-inf - shift) is 0, not NaN.
+                    let shift = if max == f32::NEG_INFINITY { 0.0 } else { max * scale_log2 };
+                    let rescale = arch::exp2(self.row_max[m][half] * scale_log2 - shift);
+                    self.row_max[m][half] = max;
+                    self.row_sum[m][half] *= rescale;
+                    for tile in o[m].iter_mut() {
+                        tile[2 * half] *= rescale;
+                        tile[2 * half + 1] *= rescale;
+                    }
                 }
+            }
+        }
+        for m in 0..M_TILES {
+            for half in 0..2 {
+                let max = self.row_max[m][half];
+                let shift = if max == f32::NEG_INFINITY { 0.0 } else { max * scale_log2 };
+                let mut sum = self.row_sum[m][half];
                 for tile in s[m].iter_mut() {
                     for score in &mut tile[2 * half..2 * half + 2] {
                         let p = arch::exp2(arch::fma(*score, scale_log2, -shift));

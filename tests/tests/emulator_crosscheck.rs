@@ -196,7 +196,7 @@ fn primitives_match_the_gpu() {
         for lane in 0..32 {
             let exact_fields = (output::LDMATRIX..output::LDMATRIX + 8)
                 .chain(output::SHUFFLE..output::SHUFFLE + 5)
-                .chain([output::FMA, output::PACK_F16, output::PACK_BF16, output::LD_SHARED]);
+                .chain([output::FMA, output::PACK_F16, output::PACK_BF16, output::LD_SHARED, output::VOTE_ANY]);
             for i in exact_fields {
                 let (g, e) = (gpu_out[lane_output(lane, i)], emu_out[lane_output(lane, i)]);
                 let both_nan = f32::from_bits(g).is_nan() && f32::from_bits(e).is_nan() && i == output::FMA;

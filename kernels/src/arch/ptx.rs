@@ -182,6 +182,21 @@ pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
     r
 }
 
+/// `vote.sync.any.pred` over the full warp: whether `predicate` holds in
+/// any lane.
+#[inline(always)]
+pub fn any_sync(predicate: bool) -> bool {
+    let any: u32;
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
+            r = out(reg32) any, v = in(reg32) predicate as u32,
+            options(nostack, nomem)
+        )
+    };
+    any != 0
+}
+
 /// `ex2.approx.ftz.f32`: 2^x (2^-inf = 0).
 #[inline(always)]
 pub fn exp2(x: f32) -> f32 {

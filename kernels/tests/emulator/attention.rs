@@ -73,6 +73,38 @@ fn every_kernel_on_ragged_unequal_grouped_and_strided_problems() {
     }
 }
 
+/// Keys whose scores grow toward the first key: the key loop runs from the
+/// last block to the first, so every row's max rises past the online
+/// softmax's rescale threshold (2^8) again and again, by different amounts
+/// per row, and the references move in late blocks as well as the first.
+#[test]
+fn every_f16_kernel_with_row_maxes_rising_block_after_block() {
+    for k in KERNELS.iter().filter(|k| k.dtype == flash_attn_kernels::entry::DType::F16) {
+        let d = k.config.head_dim as usize;
+        let (seqlen_q, seqlen_k) = (40, 300);
+        let q_shape = [1, seqlen_q, 2, d];
+        let kv_shape = [1, seqlen_k, 1, d];
+        let q = Tensor::random(q_shape, Tensor::contiguous_strides(q_shape), k.dtype, 7);
+        let mut keys = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.dtype, 8);
+        let v = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.dtype, 9);
+        for key in 0..seqlen_k {
+            // Up to 13x at key 0: scaled scores span ~50 in log2.
+            let factor = 1.0 + 12.0 * (seqlen_k - key) as f64 / seqlen_k as f64;
+            for c in 0..d {
+                let at = keys.index([0, key, 0, c]);
+                let x = k.dtype.to_f64(keys.data()[at]) * factor;
+                keys.data_mut()[at] = k.dtype.from_f64(x);
+            }
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        let strides = Tensor::contiguous_strides(q_shape);
+        let out = forward(k, &q, &keys, &v, strides, scale).unwrap_or_else(|e| panic!("{}\n{e}", k.name));
+        let reference = Reference::new(&q, &keys, &v, k.dtype, k.causal, f64::from(scale));
+        let errors = reference.compare(&out, k.dtype).unwrap_or_else(|e| panic!("{}\n{e}", k.name));
+        assert!(errors.within(k.dtype), "{}\n{}", k.name, errors.describe(k.dtype));
+    }
+}
+
 fn cases() -> impl Strategy<Value = Case> {
     (0..KERNELS.len(), 1..=2usize, 1..=130usize, 1..=130usize, 1..=2usize, 1..=3usize, any::<bool>(), any::<u64>())
         .prop_map(|(k, batch, seqlen_q, seqlen_k, heads_kv, group, strided, seed)| Case {

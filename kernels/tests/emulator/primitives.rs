@@ -208,6 +208,15 @@ fn shfl_bfly_reads_lane_xor_mask() {
 }
 
 #[test]
+fn vote_any_is_true_in_every_lane_when_some_lane_votes_true() {
+    for voters in [vec![], vec![0], vec![31], vec![5, 17], (0..32).collect()] {
+        let got = run_block(32, 0, &[], |lane| arch::any_sync(voters.contains(&lane)) as u32).unwrap();
+        let want = !voters.is_empty() as u32;
+        assert!(got.iter().all(|&v| v == want), "voters {voters:?}: {got:?}");
+    }
+}
+
+#[test]
 fn ex2_matches_the_isa_special_values_and_is_correctly_rounded() {
     // PTX ISA table: -Inf -> +0, -0 -> +1, +0 -> +1, +Inf -> +Inf, NaN -> NaN.
     assert_eq!(arch::exp2(f32::NEG_INFINITY).to_bits(), 0.0f32.to_bits());

@@ -194,6 +194,22 @@ pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
     f32::from_bits(out[0])
 }
 
+/// `vote.sync.any.pred` over the full warp: whether `predicate` holds in
+/// any lane.
+#[track_caller]
+pub fn any_sync(predicate: bool) -> bool {
+    let site = Location::caller();
+    let mut input = [0; 10];
+    input[0] = predicate as u32;
+    let out = context::with(|t| {
+        warp_collective(t, Collective::VoteAny, site, input, |inputs| {
+            let any = inputs.iter().any(|i| i[0] != 0) as u32;
+            Ok([[any, 0, 0, 0]; 32])
+        })
+    });
+    out[0] != 0
+}
+
 /// `ex2.approx.ftz.f32`: 2^x (2^-inf = 0).
 pub fn exp2(x: f32) -> f32 {
     float::ex2_approx_ftz(x)

@@ -23,6 +23,7 @@ pub(crate) enum Collective {
     Ldmatrix { trans: bool },
     Mma(HalfType),
     ShflBfly,
+    VoteAny,
     WarpSync,
 }
 
@@ -34,6 +35,7 @@ impl Collective {
             Collective::Mma(HalfType::F16) => "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
             Collective::Mma(HalfType::Bf16) => "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
             Collective::ShflBfly => "shfl.sync.bfly.b32",
+            Collective::VoteAny => "vote.sync.any.pred",
             Collective::WarpSync => "bar.warp.sync",
         }
     }
