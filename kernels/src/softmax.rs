@@ -16,6 +16,18 @@ use crate::problem::Visibility;
 /// f16 and bf16, and most key blocks after the first move none.
 pub const RESCALE_THRESHOLD_LOG2: f32 = 8.0;
 
+/// What a row's scaled scores are shifted by before `exp2`: its scaled max,
+/// or 0 for a row with every score masked so far (max -inf), so that
+/// exp2(-inf - shift) is 0, not NaN.
+#[inline(always)]
+fn shift(max: f32, scale_log2: f32) -> f32 {
+    if max == f32::NEG_INFINITY {
+        0.0
+    } else {
+        max * scale_log2
+    }
+}
+
 /// Running max and partial sum of each of the lane's rows.
 pub struct OnlineSoftmax<const M_TILES: usize> {
     /// Reference max per row, unscaled: the largest score seen, or less by
@@ -64,24 +76,13 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
         if arch::any_sync(moves) {
             for m in 0..M_TILES {
                 for half in 0..2 {
-                    let max = block_max[m][half];
-                    // A row with every score masked so far keeps max -inf;
-                    // shift by 0 then so that exp2(-inf - shift) is 0, not NaN.
-                    let shift = if max == f32::NEG_INFINITY { 0.0 } else { max * scale_log2 };
-                    let rescale = arch::exp2(self.row_max[m][half] * scale_log2 - shift);
-                    self.row_max[m][half] = max;
-                    self.row_sum[m][half] *= rescale;
-                    for tile in o[m].iter_mut() {
-                        tile[2 * half] *= rescale;
-                        tile[2 * half + 1] *= rescale;
-                    }
+                    self.move_row_max(m, half, block_max[m][half], o, scale_log2);
                 }
             }
         }
         for m in 0..M_TILES {
             for half in 0..2 {
-                let max = self.row_max[m][half];
-                let shift = if max == f32::NEG_INFINITY { 0.0 } else { max * scale_log2 };
+                let shift = shift(self.row_max[m][half], scale_log2);
                 let mut sum = self.row_sum[m][half];
                 for tile in s[m].iter_mut() {
                     for score in &mut tile[2 * half..2 * half + 2] {
@@ -92,6 +93,27 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
                 }
                 self.row_sum[m][half] = sum;
             }
+        }
+    }
+
+    /// Moves the reference max of row `half` of m-tile `m` up to `max`,
+    /// rescaling the row's sum and its outputs in `o` to it.
+    #[inline(always)]
+    pub fn move_row_max<const DIM_TILES: usize>(
+        &mut self,
+        m: usize,
+        half: usize,
+        max: f32,
+        o: &mut Accumulators<M_TILES, DIM_TILES>,
+        scale_log2: f32,
+    ) {
+        let shift = shift(max, scale_log2);
+        let rescale = arch::exp2(self.row_max[m][half] * scale_log2 - shift);
+        self.row_max[m][half] = max;
+        self.row_sum[m][half] *= rescale;
+        for tile in o[m].iter_mut() {
+            tile[2 * half] *= rescale;
+            tile[2 * half + 1] *= rescale;
         }
     }
 

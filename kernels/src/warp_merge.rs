@@ -64,16 +64,8 @@ pub unsafe fn merge_into_first_warp<const M_TILES: usize, const DIM_TILES: usize
             for w in 0..warps {
                 max = max.max(f32::from_bits(arch::ld_shared_u32(max_addr(w, row))));
             }
-            // As in `OnlineSoftmax::update`: a row no warp saw a key of keeps
-            // max -inf and shifts by 0, so that its factors are 2^-inf = 0.
-            let shift = if max == f32::NEG_INFINITY { 0.0 } else { max * scale_log2 };
-            let rescale = arch::exp2(softmax.row_max[m][half] * scale_log2 - shift);
-            softmax.row_max[m][half] = max;
-            softmax.row_sum[m][half] *= rescale;
-            for tile in o[m].iter_mut() {
-                tile[2 * half] *= rescale;
-                tile[2 * half + 1] *= rescale;
-            }
+            // A row no warp saw a key of keeps max -inf: its factors are 0.
+            softmax.move_row_max(m, half, max, o, scale_log2);
         }
     }
     // Lane-interleaved groups: a warp's lanes store and load 512 contiguous bytes.
