@@ -149,7 +149,7 @@ pub unsafe fn flash_forward<
             if keys { (k, k_offset, params.k_row_stride) } else { (v, v_offset, params.v_row_stride) };
         // The host keeps row strides within MAX_ROW_STRIDE.
         let row_stride = row_stride as u32;
-        load_tile_async::<HEAD_DIM>(
+        load_tile_async::<HEAD_DIM, CAUSAL>(
             tile,
             block_n,
             src.offset(offset as isize),
@@ -176,7 +176,7 @@ pub unsafe fn flash_forward<
 
     // Prologue: Q, then blocks n_end - 1 .. n_end - (STAGES - 1) into stages
     // 0 .. STAGES - 2 (one stage: K of the first block); wait for Q only.
-    load_tile_async::<HEAD_DIM>(q_tile, block_m, q, params.q_row_stride as u32, rows_in_block, tid, threads);
+    load_tile_async::<HEAD_DIM, CAUSAL>(q_tile, block_m, q, params.q_row_stride as u32, rows_in_block, tid, threads);
     arch::cp_async_commit();
     if STAGES == 1 {
         if n_end > n_begin {
@@ -267,7 +267,7 @@ pub unsafe fn flash_forward<
             }
             if $masked || (!SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
             {
-                mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+                mask.apply::<CAUSAL, M_TILES, N_TILES>(&mut s, first_key as i32, lane);
             }
             softmax.update(&mut s, &mut o, scale_log2);
             let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);

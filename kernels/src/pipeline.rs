@@ -30,13 +30,21 @@ pub fn cp_async_wait_pending(pending: usize) {
 /// call. Row offsets are computed in u32: 64-bit ones, one per pass, are
 /// hoisted out of the key loop at two registers each.
 ///
+/// `BOUND_BY_ROWS_LEFT` chooses how a thread's rows are checked against
+/// `valid_rows`: by its rows left to the end, compared with each pass's
+/// constant row offset (one register live through the key loop), or by
+/// each pass's row (LLVM hoists one register per pass). The dense causal
+/// kernels take the first, with the mask of `ScoreMask::apply_causal`:
+/// together 1-3% faster at d=32-128 (TUNING.md step 25); in the other
+/// kernels ptxas allocates registers better the second way.
+///
 /// # Safety
 /// `src` row `r` must be readable for `r < valid_rows`; `valid_rows >= 1`;
 /// `row_stride <= `[`MAX_ROW_STRIDE`](crate::config::MAX_ROW_STRIDE) and
 /// `rows <= `[`MAX_TILE_ROWS`](crate::config::MAX_TILE_ROWS), so that no
 /// offset overflows.
 #[inline(always)]
-pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
+pub unsafe fn load_tile_async<const HEAD_DIM: usize, const BOUND_BY_ROWS_LEFT: bool>(
     tile: SmemTile<HEAD_DIM>,
     rows: u32,
     src: *const u16,
@@ -46,11 +54,11 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     threads: u32,
 ) {
     let chunks_per_row = SmemTile::<HEAD_DIM>::CHUNKS_PER_ROW;
-    let copy = |row: u32, to: u32, from: *const u16| {
-        let in_bounds = row < valid_rows;
+    let copy_if = |in_bounds: bool, to: u32, from: *const u16| {
         let from = if in_bounds { from } else { src };
         arch::cp_async_16(to, from as *const u8, if in_bounds { 16 } else { 0 });
     };
+    let copy = |row: u32, to: u32, from: *const u16| copy_if(row < valid_rows, to, from);
     // Each pass of the block covers `rows_per_pass` whole rows. One warp
     // does so over rows of 12, 20, 24 or 28 chunks too, its lanes past those
     // rows idle: partial passes would each hold a row offset for the whole
@@ -83,6 +91,8 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     let first_addr = tile.chunk_addr(first_row, chunk);
     let mut row_ptr = src.wrapping_add((first_row * row_stride + chunk * 8) as usize);
     let pass_stride = (rows_per_pass * row_stride) as usize;
+    // Rows from this thread's first to the tile's valid end (may be <= 0).
+    let rows_left = valid_rows as i32 - first_row as i32;
     for pass in 0..rows / rows_per_pass {
         let below = pass * rows_per_pass;
         // One warp walks 16-64 rows: each row's `chunk_addr` would be hoisted
@@ -94,7 +104,11 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
         } else {
             tile.chunk_addr(first_row + below, chunk)
         };
-        copy(first_row + below, to, row_ptr);
+        if BOUND_BY_ROWS_LEFT {
+            copy_if((below as i32) < rows_left, to, row_ptr);
+        } else {
+            copy(first_row + below, to, row_ptr);
+        }
         row_ptr = row_ptr.wrapping_add(pass_stride);
     }
 }

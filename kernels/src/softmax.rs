@@ -145,20 +145,57 @@ pub struct ScoreMask {
 
 impl ScoreMask {
     /// Sets to -inf every score of the key block starting at `first_key`
-    /// that its row does not see.
+    /// that its row does not see. `CAUSAL`: the dense causal kernels (a
+    /// window fixed to `right = 0`), which take [`Self::apply_causal`].
     #[inline(always)]
-    pub fn apply<const M_TILES: usize, const N_TILES: usize>(
+    pub fn apply<const CAUSAL: bool, const M_TILES: usize, const N_TILES: usize>(
         self,
         s: &mut Accumulators<M_TILES, N_TILES>,
         first_key: i32,
         lane: u32,
     ) {
+        if CAUSAL {
+            return self.apply_causal(s, first_key, lane);
+        }
         for_each_score(s, self.first_row, first_key, lane, |score, row, key| {
             let (key_begin, key_end) = self.visibility.keys_of_row(row);
             if key >= key_end || key < key_begin {
                 *score = f32::NEG_INFINITY;
             }
         });
+    }
+
+    /// [`Self::apply`] for the dense causal kernels: masked where
+    /// `key - row > diagonal`. A score's key and row are the lane's first
+    /// ones plus constant offsets in the fragment, so this is one value per
+    /// lane and block compared with a constant per score; comparing keys
+    /// with each row's end instead keeps the four ends live through the
+    /// masked steps (TUNING.md step 25). Rows below seqlen_q never see past
+    /// seqlen_k by the diagonal; the rows past it (zero-filled, never
+    /// written) may see zero-filled keys past seqlen_k.
+    #[inline(always)]
+    fn apply_causal<const M_TILES: usize, const N_TILES: usize>(
+        self,
+        s: &mut Accumulators<M_TILES, N_TILES>,
+        first_key: i32,
+        lane: u32,
+    ) {
+        let lane_key = first_key + 2 * (lane % 4) as i32;
+        let lane_row = self.first_row + (lane / 4) as i32;
+        let lane_past_diagonal = lane_key - lane_row - self.visibility.diagonal;
+        for (m, s_m) in s.iter_mut().enumerate() {
+            for half in 0..2 {
+                let row_offset = (m * 16 + half * 8) as i32;
+                for (n, tile) in s_m.iter_mut().enumerate() {
+                    for c in 0..2 {
+                        let key_offset = (n * 8 + c) as i32;
+                        if lane_past_diagonal > row_offset - key_offset {
+                            tile[2 * half + c] = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
