@@ -6,8 +6,9 @@ usage: bench_torch.py OURS.jsonl [--markdown OUT.md]
 For every prefill shape in OURS.jsonl (written by `bench --out`), times
 torch's SDPA with the flash backend (FlashAttention-2) and the cuDNN backend
 on the same GPU, with the same shapes and FLOP count, and prints one table
-with our ratio to each. The decode rows (`"kind": "decode"`) follow as a
-second table: our times (one call alone, and back to back) and K/V read
+with our ratio to each. The variable-length rows (`"kind": "varlen"`)
+follow, beside FlashAttention-2's varlen forward, then the decode rows
+(`"kind": "decode"`) as a third table: our times (one call alone, and back to back) and K/V read
 bandwidth beside the device-to-device copy bandwidth the bench measured in
 the same run.
 """
@@ -19,29 +20,82 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 
-def time_sdpa(backend, row, reps=30):
+def median_ms(call, reps=30):
+    """Median milliseconds of `call` over `reps` CUDA-event timed runs, after 3 warm-ups."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tflops(row, ms):
+    b, h, s, d = row["batch"], row["heads"], row["seqlen"], row["head_dim"]
+    return 4 * b * h * s * s * d / (2 if row["causal"] else 1) / (ms * 1e-3) / 1e12
+
+
+def time_sdpa(backend, row):
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[row["dtype"]]
     b, h, s, d = row["batch"], row["heads"], row["seqlen"], row["head_dim"]
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
     try:
         with sdpa_kernel([backend]):
-            for _ in range(3):
-                F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"])
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(reps):
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"])
-                stop.record()
-                stop.synchronize()
-                times.append(start.elapsed_time(stop))
+            ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"]))
     except RuntimeError as e:
         print(f"  {backend}: unavailable for {row}: {e}", file=sys.stderr)
         return float("nan")
-    times.sort()
-    flops = 4 * b * h * s * s * d / (2 if row["causal"] else 1)
-    return flops / (times[len(times) // 2] * 1e-3) / 1e12
+    return tflops(row, ms)
+
+
+def time_fa2_varlen(row):
+    """FlashAttention-2's variable-length forward (torch's `_flash_attention_forward`
+    with cumulative sequence offsets), every sequence at the row's seqlen, packed."""
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[row["dtype"]]
+    b, h, s, d = row["batch"], row["heads"], row["seqlen"], row["head_dim"]
+    q, k, v = (torch.randn(b * s, h, d, device="cuda", dtype=dtype) for _ in range(3))
+    offsets = torch.arange(0, b * s + 1, s, device="cuda", dtype=torch.int32)
+    try:
+        ms = median_ms(
+            lambda: torch.ops.aten._flash_attention_forward(
+                q, k, v, offsets, offsets, s, s, 0.0, row["causal"], False
+            )
+        )
+    except (RuntimeError, TypeError, AttributeError) as e:
+        print(f"  FA2 varlen: unavailable for {row}: {e}", file=sys.stderr)
+        return float("nan")
+    return tflops(row, ms)
+
+
+def varlen_table(rows):
+    """The variable-length rows as markdown lines."""
+    lines = [
+        "",
+        f"Variable lengths: {rows[0]['dtype']}, every sequence of the batch at seqlen, packed "
+        "[tokens, heads, d] with cu_seqlens (our general kernels); beside them our dense kernels on "
+        "the same work and FlashAttention-2's varlen forward (torch `_flash_attention_forward` with "
+        "cu_seqlens), same run.",
+        "",
+        "| d | causal | seqlen | ours varlen TFLOP/s | ours dense TFLOP/s | FA2 varlen TFLOP/s "
+        "| varlen/FA2 varlen | varlen/dense |",
+        "|" + "---|" * 8,
+    ]
+    for row in rows:
+        fa2 = time_fa2_varlen(row)
+        ours, dense = row["tflops"], row["dense_tflops"]
+        lines.append(
+            f"| {row['head_dim']} | {row['causal']} | {row['seqlen']} | {ours:.1f} | {dense:.1f} | {fa2:.1f} "
+            f"| {ours / fa2:.2f}x | {ours / dense:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    return lines
 
 
 def decode_table(rows):
@@ -80,6 +134,7 @@ def main():
     md_path = sys.argv[sys.argv.index("--markdown") + 1] if "--markdown" in sys.argv else None
     prefill = [row for row in rows if row.get("kind", "prefill") == "prefill"]
     decode = [row for row in rows if row.get("kind") == "decode"]
+    varlen = [row for row in rows if row.get("kind") == "varlen"]
     gpu = torch.cuda.get_device_name()
     lines = [f"GPU: {gpu}, torch {torch.__version__}"]
     if prefill:
@@ -101,6 +156,8 @@ def main():
             f"| {cudnn:.1f} | {ours / fa2:.2f}x | {ours / cudnn:.2f}x | {ours / row['ceiling_tflops']:.0%} |"
         )
         print(lines[-1], flush=True)
+    if varlen:
+        lines += varlen_table(varlen)
     if decode:
         lines += decode_table(decode)
     if md_path:

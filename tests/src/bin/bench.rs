@@ -7,6 +7,11 @@
 //! register-only m16n8k16 MMAs on every SM) and reports each shape's fraction
 //! of it.
 //!
+//! With the standard grid, variable-length rows: d=64 and 128, f16, s=1024
+//! and 4096, every sequence packed at the same length through
+//! `forward_varlen_into` (the general kernels), each beside the dense API on
+//! the same work, timed in the same run.
+//!
 //! After the grid, decode rows: one query token per sequence (causal) over a
 //! full KV cache, batch 1, 4, 16, 64 and cache 1k..64k keys (up to 8 GiB of
 //! K and V), 32 query heads over 4 KV heads (GQA 8:1), head dim 128, f16,
@@ -29,8 +34,9 @@
 //! per row to FILE (for scripts/bench_torch.py, which adds torch's figures
 //! and writes the tables as markdown). Head dims other than 64 and 128 use
 //! 2048 / d heads rounded down (hidden close to 2048). Choosing head dims
-//! or seqlens selects prefill rows only (no decode rows). `--decode-splits`
-//! overrides the split-KV heuristic (for tuning it).
+//! or seqlens selects those prefill rows only (no variable-length or
+//! decode rows). `--decode-splits` overrides the split-KV heuristic (for
+//! tuning it).
 
 use std::io::Write;
 
@@ -42,7 +48,7 @@ use flash_attn::cust::memory::{DeviceBuffer, DeviceSlice};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::{
-    bf16, f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, Tensor, TensorMut, Workspace, PTX,
+    bf16, f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, SeqOffsets, Tensor, TensorMut, Workspace, PTX,
 };
 use flash_attn_tests::{normal, TestElement};
 
@@ -53,9 +59,13 @@ struct Shape {
     dtype: &'static str,
 }
 
+/// TFLOP/s of `shape` through the dense API, or with `varlen` through
+/// `forward_varlen_into` with every sequence of the batch packed at the
+/// same length (the general kernels on the same work).
 fn time_shape<T: TestElement>(
     attention: &FlashAttention,
     shape: &Shape,
+    varlen: bool,
     reps: usize,
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let batch = 16384 / shape.seqlen;
@@ -69,16 +79,33 @@ fn time_shape<T: TestElement>(
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     let params = AttentionParams { causal: shape.causal, ..Default::default() };
-    let run = |o: &mut DeviceBuffer<T>, lse: &mut DeviceBuffer<f32>| {
-        attention.forward_into(
-            Tensor::new(&q, dims),
-            Tensor::new(&k, dims),
-            Tensor::new(&v, dims),
-            TensorMut::new(o, dims),
-            lse,
-            &params,
-            &stream,
-        )
+    let cu_seqlens = SeqOffsets::from_lengths(&vec![shape.seqlen; batch])?;
+    let packed = [batch * shape.seqlen, heads, shape.head_dim];
+    let run = |o: &mut DeviceBuffer<T>, lse: &mut DeviceBuffer<f32>| -> Result<(), flash_attn::Error> {
+        if varlen {
+            attention.forward_varlen_into(
+                Tensor::packed(&q, packed),
+                Tensor::packed(&k, packed),
+                Tensor::packed(&v, packed),
+                TensorMut::packed(o, packed),
+                lse,
+                &cu_seqlens,
+                &cu_seqlens,
+                &params,
+                &stream,
+            )?;
+        } else {
+            attention.forward_into(
+                Tensor::new(&q, dims),
+                Tensor::new(&k, dims),
+                Tensor::new(&v, dims),
+                TensorMut::new(o, dims),
+                lse,
+                &params,
+                &stream,
+            )?;
+        }
+        Ok(())
     };
     for _ in 0..3 {
         run(&mut o, &mut lse)?;
@@ -354,8 +381,8 @@ fn prefill_rows(
                 for &seqlen in seqlens {
                     let shape = Shape { seqlen, head_dim, causal, dtype };
                     let tflops = match dtype {
-                        "f16" => time_shape::<f16>(attention, &shape, reps)?,
-                        _ => time_shape::<bf16>(attention, &shape, reps)?,
+                        "f16" => time_shape::<f16>(attention, &shape, false, reps)?,
+                        _ => time_shape::<bf16>(attention, &shape, false, reps)?,
                     };
                     println!(
                         "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>9.0}%",
@@ -387,6 +414,50 @@ fn prefill_rows(
     Ok(())
 }
 
+/// Head dims and seqlens of the variable-length rows.
+const VARLEN_HEAD_DIMS: [usize; 2] = [64, 128];
+const VARLEN_SEQLENS: [usize; 2] = [1024, 4096];
+
+/// Variable-length rows: the standard grid's shapes at d=64 and 128, f16,
+/// every sequence packed at the same length through `forward_varlen_into`
+/// (the general kernels), each timed beside the dense API on the same work
+/// in the same run.
+fn varlen_rows(
+    attention: &FlashAttention,
+    reps: usize,
+    out: &mut Option<std::fs::File>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    println!("variable lengths: f16, every sequence at seqlen, packed; general kernels beside the dense ones");
+    println!(
+        "{:>4} {:>7} {:>6} {:>14} {:>14} {:>8}",
+        "d", "causal", "seqlen", "varlen TFLOP/s", "dense TFLOP/s", "ratio"
+    );
+    for head_dim in VARLEN_HEAD_DIMS {
+        for causal in [false, true] {
+            for seqlen in VARLEN_SEQLENS {
+                let shape = Shape { seqlen, head_dim, causal, dtype: "f16" };
+                let dense = time_shape::<f16>(attention, &shape, false, reps)?;
+                let varlen = time_shape::<f16>(attention, &shape, true, reps)?;
+                println!("{head_dim:>4} {causal:>7} {seqlen:>6} {varlen:>14.1} {dense:>14.1} {:>7.2}x", varlen / dense);
+                if let Some(f) = out.as_mut() {
+                    writeln!(
+                        f,
+                        "{{\"kind\":\"varlen\",\"dtype\":\"f16\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"dense_tflops\":{:.3}}}",
+                        head_dim,
+                        causal,
+                        seqlen,
+                        16384 / seqlen,
+                        2048 / head_dim,
+                        varlen,
+                        dense
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
@@ -398,6 +469,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let head_dim_list = list("--head-dims");
     let seqlen_list = list("--seqlens");
+    // The variable-length rows come with the standard grid only.
+    let standard_grid = head_dim_list.is_none() && seqlen_list.is_none();
     if decode_only && no_decode {
         return Err("--decode-only and --no-decode exclude each other".into());
     }
@@ -416,6 +489,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let seqlens =
             seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
         prefill_rows(&attention, &head_dims, &seqlens, reps, &mut out)?;
+        if standard_grid {
+            varlen_rows(&attention, reps, &mut out)?;
+        }
     }
     if decode {
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
