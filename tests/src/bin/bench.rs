@@ -29,14 +29,15 @@
 //! which small rows cannot beat however fast the kernel.
 //!
 //! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]
-//! [--decode-only | --no-decode] [--decode-batches B,B..] [--decode-caches
-//! C,C..] [--decode-splits N]`: prints tables and writes one JSON object
-//! per row to FILE (for scripts/bench_torch.py, which adds torch's figures
-//! and writes the tables as markdown). Head dims other than 64 and 128 use
-//! 2048 / d heads rounded down (hidden close to 2048). Choosing head dims
-//! or seqlens selects those prefill rows only (no variable-length or
-//! decode rows). `--decode-splits` overrides the split-KV heuristic (for
-//! tuning it).
+//! [--decode-only | --no-decode | --varlen-only] [--decode-batches B,B..]
+//! [--decode-caches C,C..] [--decode-splits N]`: prints tables and writes
+//! one JSON object per row to FILE (for scripts/bench_torch.py, which adds
+//! torch's figures and writes the tables as markdown). Head dims other than
+//! 64 and 128 use 2048 / d heads rounded down (hidden close to 2048).
+//! Choosing head dims or seqlens selects those prefill rows only (no
+//! variable-length or decode rows); `--varlen-only` runs the
+//! variable-length rows alone (for tuning the general kernels).
+//! `--decode-splits` overrides the split-KV heuristic (for tuning it).
 
 use std::io::Write;
 
@@ -463,6 +464,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
     let flag = |name: &str| args.iter().any(|a| a == name);
     let (quick, decode_only, no_decode) = (flag("--quick"), flag("--decode-only"), flag("--no-decode"));
+    let varlen_only = flag("--varlen-only");
     let list = |flag: &str| -> Option<Vec<usize>> {
         let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
         Some(value.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v}"))).collect())
@@ -474,8 +476,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if decode_only && no_decode {
         return Err("--decode-only and --no-decode exclude each other".into());
     }
+    if varlen_only && (decode_only || !standard_grid) {
+        return Err("--varlen-only excludes --decode-only, --head-dims and --seqlens".into());
+    }
     // Choosing prefill shapes asks for prefill rows only.
-    let decode = decode_only || !(no_decode || head_dim_list.is_some() || seqlen_list.is_some());
+    let decode = decode_only || !(varlen_only || no_decode || head_dim_list.is_some() || seqlen_list.is_some());
     let _context =
         flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
@@ -484,7 +489,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
     };
-    if !decode_only {
+    if varlen_only {
+        varlen_rows(&attention, reps, &mut out)?;
+    } else if !decode_only {
         let head_dims = head_dim_list.unwrap_or(vec![64, 128]);
         let seqlens =
             seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
