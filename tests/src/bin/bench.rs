@@ -80,49 +80,26 @@ fn time_shape<T: TestElement>(
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     let params = AttentionParams { causal: shape.causal, ..Default::default() };
-    let cu_seqlens = SeqOffsets::from_lengths(&vec![shape.seqlen; batch])?;
-    let packed = [batch * shape.seqlen, heads, shape.head_dim];
-    let run = |o: &mut DeviceBuffer<T>, lse: &mut DeviceBuffer<f32>| -> Result<(), flash_attn::Error> {
-        if varlen {
-            attention.forward_varlen_into(
-                Tensor::packed(&q, packed),
-                Tensor::packed(&k, packed),
-                Tensor::packed(&v, packed),
-                TensorMut::packed(o, packed),
-                lse,
-                &cu_seqlens,
-                &cu_seqlens,
-                &params,
-                &stream,
-            )?;
-        } else {
-            attention.forward_into(
-                Tensor::new(&q, dims),
-                Tensor::new(&k, dims),
-                Tensor::new(&v, dims),
-                TensorMut::new(o, dims),
-                lse,
-                &params,
-                &stream,
-            )?;
-        }
+    // The varlen call takes the batch as one packed run of tokens,
+    // `[1, tokens, heads, d]`: the same memory as `dims`.
+    let layout = if varlen { [1, batch * shape.seqlen, heads, shape.head_dim] } else { dims };
+    let cu_seqlens = if varlen { Some(SeqOffsets::from_lengths(&vec![shape.seqlen; batch])?) } else { None };
+    let mut run = || -> Result<(), Box<dyn std::error::Error>> {
+        let (q, k, v) = (Tensor::new(&q, layout), Tensor::new(&k, layout), Tensor::new(&v, layout));
+        let o = TensorMut::new(&mut o, layout);
+        match &cu_seqlens {
+            Some(cu_seqlens) => {
+                attention.forward_varlen_into(q, k, v, o, &mut lse, cu_seqlens, cu_seqlens, &params, &stream)?
+            }
+            None => attention.forward_into(q, k, v, o, &mut lse, &params, &stream)?,
+        };
         Ok(())
     };
     for _ in 0..3 {
-        run(&mut o, &mut lse)?;
+        run()?;
     }
     stream.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
-    for _ in 0..reps {
-        start.record(&stream)?;
-        run(&mut o, &mut lse)?;
-        stop.record(&stream)?;
-        stop.synchronize()?;
-        times.push(stop.elapsed_time_f32(&start)? as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    let median_ms = times[reps / 2];
+    let median_ms = median_ms(&stream, reps, || Ok(()), run)?;
     let flops = 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
         / if shape.causal { 2.0 } else { 1.0 };
     Ok(flops / (median_ms * 1e-3) / 1e12)
