@@ -41,6 +41,11 @@ pub struct TileConfig {
     /// copies of the key loop, so that the unmasked copy carries no mask
     /// code or branch; else one loop asks per block.
     pub split_masked_steps: bool,
+    /// Recompute each thread's K/V copy offsets from `%tid.x` at every load
+    /// instead of holding them through the key loop: two registers fewer,
+    /// which keep d=128's two-stage loop from spilling (TUNING.md step 27).
+    /// Elsewhere ptxas schedules worse with it: 2-14% slower at d=64-256.
+    pub rederive_copy_offsets: bool,
 }
 
 impl TileConfig {
@@ -77,6 +82,7 @@ impl TileConfig {
             stages: 2,
             wait_kv_at_top: false,
             split_masked_steps: false,
+            rederive_copy_offsets: false,
         }
     }
 }
@@ -99,9 +105,12 @@ pub const HEAD_DIM_64: TileConfig = TileConfig { wait_kv_at_top: true, ..TileCon
 pub const HEAD_DIM_96: TileConfig = TileConfig { stages: 1, ..TileConfig::new(96, 4, 2, 64, false) };
 /// Head dim 128: FlashAttention-2's shape, 128 query rows, 32 per warp, Q
 /// re-read from shared memory so the 32 rows fit in 255 registers (TUNING.md
-/// step 2), 64-key blocks in one K/V stage (step 19: 9% faster than 32-key
-/// blocks in two).
-pub const HEAD_DIM_128: TileConfig = TileConfig { stages: 1, ..TileConfig::new(128, 4, 2, 64, false) };
+/// step 2), 64-key blocks (step 19) in two K/V stages with one barrier per
+/// step, which fit 255 registers since the ldmatrix swizzle is re-derived
+/// per k-step and the copy offsets per load (step 27: together 5-7% faster
+/// than one stage with held offsets at s=512-4096).
+pub const HEAD_DIM_128: TileConfig =
+    TileConfig { wait_kv_at_top: true, rederive_copy_offsets: true, ..TileConfig::new(128, 4, 2, 64, false) };
 /// Head dim 160: 4 warps of 16 rows, 64-key blocks in one K/V stage
 /// (TUNING.md step 20: 15-25% faster than 8 warps).
 pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 4, 1, 64, false) };
@@ -153,6 +162,7 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
             },
             wait_kv_at_top: false,
             split_masked_steps: head_dim == 128,
+            rederive_copy_offsets: false,
             ..dense
         }),
         None => None,
@@ -203,6 +213,7 @@ pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
         stages: 1,
         wait_kv_at_top: false,
         split_masked_steps: false,
+        rederive_copy_offsets: false,
     })
 }
 

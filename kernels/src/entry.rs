@@ -96,6 +96,7 @@ macro_rules! forward_kernels {
             { C.stages as usize },
             { C.wait_kv_at_top },
             { C.split_masked_steps },
+            { C.rederive_copy_offsets },
         >($params)
     }};
 }

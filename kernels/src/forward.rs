@@ -57,6 +57,7 @@ pub unsafe fn flash_forward<
     const STAGES: usize,
     const WAIT_KV_AT_TOP: bool,
     const SPLIT_MASKED_STEPS: bool,
+    const REDERIVE_COPY_OFFSETS: bool,
 >(
     params: &ForwardParams,
 ) {
@@ -122,7 +123,18 @@ pub unsafe fn flash_forward<
     }
     // Who loads a K/V stage and who waits for it: the warp alone when it
     // has its own stages, else the whole block.
-    let (kv_thread, kv_threads) = if WARPS_SPLIT_KEYS { (lane, 32) } else { (tid, threads) };
+    let kv_threads = if WARPS_SPLIT_KEYS { 32 } else { threads };
+    // With REDERIVE_COPY_OFFSETS, %tid.x is read again at each load, so
+    // that the copies' per-thread offsets are recomputed there instead of
+    // held through the key loop.
+    let kv_thread = || {
+        let tid = if REDERIVE_COPY_OFFSETS { arch::thread_idx_x_here() } else { tid };
+        if WARPS_SPLIT_KEYS {
+            tid % 32
+        } else {
+            tid
+        }
+    };
     let kv_barrier = || if WARPS_SPLIT_KEYS { arch::sync_warp() } else { arch::sync_threads() };
 
     let q = params
@@ -142,7 +154,12 @@ pub unsafe fn flash_forward<
     let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(first_stage_row + stage * block_n));
     let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(first_stage_row + (stages + stage) * block_n));
     // Loads key block `n` of k (`keys`) or v into `tile`, one copy group.
-    let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool| {
+    // Only the last block the rows see (`n_end - 1`, loop order's first)
+    // may reach past seqlen_k; every earlier one is `whole`. The general
+    // kernels then skip the bound check, whose per-pass row compares are
+    // otherwise live through the key loop (without, d=128 spills); in the
+    // dense ones ptxas allocates better with it (TUNING.md step 27).
+    let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool, whole: bool| {
         let first_key = n * block_n;
         let (k_offset, v_offset) = seq.key_offsets::<GENERAL>(params, first_key);
         let (src, offset, row_stride) =
@@ -154,8 +171,8 @@ pub unsafe fn flash_forward<
             block_n,
             src.offset(offset as isize),
             row_stride,
-            seq.seqlen_k - first_key,
-            kv_thread,
+            if whole && GENERAL { block_n } else { seq.seqlen_k - first_key },
+            kv_thread(),
             kv_threads,
         );
         arch::cp_async_commit();
@@ -163,11 +180,12 @@ pub unsafe fn flash_forward<
     // K and V of the block `ahead` blocks after (in loop order) the first
     // one, into `stage`. Past the last block, deeper pipelines commit two
     // empty groups instead, so that every step counts the same groups in
-    // flight; two stages need not (their last step waits for all).
-    let prefetch = |stage: u32, ahead: u32| {
+    // flight; two stages need not (their last step waits for all). Blocks
+    // `ahead > 0` are whole, which the callers say as a constant.
+    let prefetch = |stage: u32, ahead: u32, whole: bool| {
         if ahead < n_end - n_begin {
-            load_key_block(k_tile(stage), n_end - 1 - ahead, true);
-            load_key_block(v_tile(stage), n_end - 1 - ahead, false);
+            load_key_block(k_tile(stage), n_end - 1 - ahead, true, whole);
+            load_key_block(v_tile(stage), n_end - 1 - ahead, false, whole);
         } else if STAGES > 2 {
             arch::cp_async_commit();
             arch::cp_async_commit();
@@ -180,11 +198,11 @@ pub unsafe fn flash_forward<
     arch::cp_async_commit();
     if STAGES == 1 {
         if n_end > n_begin {
-            load_key_block(k_tile(0), n_end - 1, true);
+            load_key_block(k_tile(0), n_end - 1, true, false);
         }
     } else {
         for stage in 0..stages - 1 {
-            prefetch(stage, stage);
+            prefetch(stage, stage, stage > 0);
         }
     }
     if STAGES > 2 || n_end > n_begin {
@@ -251,9 +269,9 @@ pub unsafe fn flash_forward<
             });
             kv_barrier();
             if STAGES == 1 {
-                load_key_block(v_tile(0), n, false);
+                load_key_block(v_tile(0), n, false, false);
             } else {
-                prefetch(next_stage, step + stages - 1);
+                prefetch(next_stage, step + stages - 1, true);
             }
 
             let mut s = mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
@@ -276,7 +294,7 @@ pub unsafe fn flash_forward<
                 arch::cp_async_wait::<0>(); // V[n] has landed
                 kv_barrier(); // and every warp is done with K[n].
                 if !last {
-                    load_key_block(k_tile(0), n - 1, true);
+                    load_key_block(k_tile(0), n - 1, true, true);
                 }
             } else if STAGES == 2 && !WAIT_KV_AT_TOP {
                 if !last {

@@ -9,6 +9,7 @@
 //! `cp.async` writes (a row's chunks side by side) and the `ldmatrix` reads
 //! (one chunk of eight rows) are then free of bank conflicts.
 
+use crate::arch;
 use crate::config::smem_row_bytes;
 
 /// A swizzled `[rows, HEAD_DIM]` tile at a shared-window address.
@@ -57,6 +58,30 @@ impl<const HEAD_DIM: usize> SmemTile<HEAD_DIM> {
     #[inline(always)]
     pub fn rows_below(addr: u32, k: u32) -> u32 {
         (addr ^ ((k % 8) << 4)) + k * Self::ROW_BYTES
+    }
+
+    /// `chunk_addr(row, chunk + chunks)` from `addr = chunk_addr(row, chunk)`,
+    /// for `chunk < 8` with no bit in common with `chunks % 8`, so that
+    /// `(chunk + chunks) % 8 = chunk ^ chunks % 8`: the swizzle moves by an
+    /// XOR of the address's chunk bits, which the 128-byte aligned row
+    /// leaves to it, and the high chunks fold into the instruction's
+    /// immediate offset.
+    ///
+    /// With `in_place` (a constant at every call) the XOR stays at each use ([`arch::xor_in_place`]): a
+    /// lane walking the chunks of a row in a loop then keeps one address
+    /// live instead of the four (one per `chunks % 8`) that LLVM would
+    /// otherwise hoist, at one instruction per use.
+    #[inline(always)]
+    pub fn chunks_across(addr: u32, chunks: u32, in_place: bool) -> u32 {
+        let swizzle = (chunks % 8) << 4;
+        let swizzled = if swizzle == 0 {
+            addr
+        } else if in_place {
+            arch::xor_in_place(addr, swizzle)
+        } else {
+            addr ^ swizzle
+        };
+        swizzled + ((chunks & !7) << 4)
     }
 
     /// Address of the 4-byte word holding elements `col` and `col + 1` of `row`

@@ -15,6 +15,15 @@ use crate::arch;
 use crate::element::Element;
 use crate::layout::SmemTile;
 
+/// Whether the ldmatrix addresses re-derive their swizzle at each k-step
+/// ([`SmemTile::chunks_across`]) rather than hold one offset per swizzle
+/// through the key loop. Warps of 32 query rows (two m-tiles) keep O and S
+/// in about 200 registers and are short of them: one XOR per k-step frees
+/// up to 9 (TUNING.md step 27). Warps of 16 rows have registers to spare.
+const fn swizzle_in_place(m_tiles: usize) -> bool {
+    m_tiles > 1
+}
+
 /// A block of f32 accumulators: `[m_tile][n_tile]`, each a C fragment.
 pub type Accumulators<const M_TILES: usize, const N_TILES: usize> = [[[f32; 4]; N_TILES]; M_TILES];
 
@@ -23,11 +32,8 @@ pub type Accumulators<const M_TILES: usize, const N_TILES: usize> = [[[f32; 4]; 
 /// k-step, which frees `2 * M_TILES * HEAD_DIM / 8` registers per lane for
 /// more rows per warp.
 pub struct QOperand<const M_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize, const IN_REGISTERS: bool> {
-    tile: SmemTile<HEAD_DIM>,
-    /// Tile row of this lane's ldmatrix address in m-tile 0.
-    lane_row: u32,
-    /// Chunk of this lane's ldmatrix address within a k-step.
-    lane_chunk: u32,
+    /// This lane's ldmatrix address in m-tile 0, k-step 0.
+    lane_addr: u32,
     /// With `IN_REGISTERS`, the fragments `[m_tile][k_step]`; otherwise
     /// never written after initialisation, so the compiler drops them.
     fragments: [[[u32; 4]; HEAD_DIM_16]; M_TILES],
@@ -45,15 +51,14 @@ impl<const M_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize, cons
         const { assert!(HEAD_DIM_16 * 16 == HEAD_DIM) }
         // Matrices 0..3: rows 0-7 / 8-15 of columns 0-7, then of columns 8-15.
         let mut q = Self {
-            tile,
-            lane_row: first_row + (lane % 8) + 8 * ((lane / 8) % 2),
-            lane_chunk: lane / 16,
+            lane_addr: tile.chunk_addr(first_row + (lane % 8) + 8 * ((lane / 8) % 2), lane / 16),
             fragments: [[[0u32; 4]; HEAD_DIM_16]; M_TILES],
         };
         if IN_REGISTERS {
-            for m in 0..M_TILES {
-                for k in 0..HEAD_DIM_16 {
-                    q.fragments[m][k] = q.load(m, k);
+            for k in 0..HEAD_DIM_16 {
+                let a = q.load(k);
+                for m in 0..M_TILES {
+                    q.fragments[m][k] = a[m];
                 }
             }
         }
@@ -61,20 +66,21 @@ impl<const M_TILES: usize, const HEAD_DIM: usize, const HEAD_DIM_16: usize, cons
     }
 
     #[inline(always)]
-    unsafe fn load(&self, m: usize, k: usize) -> [u32; 4] {
-        arch::ldmatrix_x4(self.tile.chunk_addr(self.lane_row + (m as u32) * 16, (k as u32) * 2 + self.lane_chunk))
+    unsafe fn load(&self, k: usize) -> [[u32; 4]; M_TILES] {
+        let addr = SmemTile::<HEAD_DIM>::chunks_across(self.lane_addr, (k as u32) * 2, swizzle_in_place(M_TILES));
+        core::array::from_fn(|m| arch::ldmatrix_x4(addr + (m as u32) * 16 * SmemTile::<HEAD_DIM>::ROW_BYTES))
     }
 
-    /// The A fragment of m-tile `m`, k-step `k`.
+    /// The A fragments of every m-tile at k-step `k`.
     ///
     /// # Safety
     /// Without `IN_REGISTERS`, the Q tile must still hold Q.
     #[inline(always)]
-    pub unsafe fn fragment(&self, m: usize, k: usize) -> [u32; 4] {
+    pub unsafe fn fragments(&self, k: usize) -> [[u32; 4]; M_TILES] {
         if IN_REGISTERS {
-            self.fragments[m][k]
+            core::array::from_fn(|m| self.fragments[m][k])
         } else {
-            self.load(m, k)
+            self.load(k)
         }
     }
 }
@@ -99,14 +105,13 @@ pub unsafe fn scores<
     const { assert!(N_TILES % 2 == 0) }
     // Matrices 0..3: keys 0-7 of dims 0-7 / 8-15, then keys 8-15 likewise:
     // the B fragments of two neighbouring n-tiles.
-    let key_in_pair = (lane % 8) + 8 * (lane / 16);
-    let chunk_in_step = (lane / 8) % 2;
+    let lane_addr = k_tile.chunk_addr((lane % 8) + 8 * (lane / 16), (lane / 8) % 2);
     let mut s = [[[0f32; 4]; N_TILES]; M_TILES];
     for k in 0..HEAD_DIM_16 {
-        let a: [[u32; 4]; M_TILES] = core::array::from_fn(|m| q.fragment(m, k));
+        let a = q.fragments(k);
+        let addr = SmemTile::<HEAD_DIM>::chunks_across(lane_addr, (k as u32) * 2, swizzle_in_place(M_TILES));
         for pair in 0..N_TILES / 2 {
-            let key = (pair as u32) * 16 + key_in_pair;
-            let b = arch::ldmatrix_x4(k_tile.chunk_addr(key, (k as u32) * 2 + chunk_in_step));
+            let b = arch::ldmatrix_x4(addr + (pair as u32) * 16 * SmemTile::<HEAD_DIM>::ROW_BYTES);
             for m in 0..M_TILES {
                 E::mma(&mut s[m][2 * pair], &a[m], &[b[0], b[1]]);
                 E::mma(&mut s[m][2 * pair + 1], &a[m], &[b[2], b[3]]);
@@ -153,12 +158,13 @@ pub unsafe fn accumulate_pv<
     const { assert!(DIM_TILES * 8 == HEAD_DIM) }
     // Transposed matrices 0..3: keys 0-7 / 8-15 of dims 0-7, then of dims
     // 8-15: the B fragments of two neighbouring dim-tiles.
-    let key_in_step = (lane % 8) + 8 * ((lane / 8) % 2);
-    let chunk_in_pair = lane / 16;
+    let lane_addr = v_tile.chunk_addr((lane % 8) + 8 * ((lane / 8) % 2), lane / 16);
     for j in 0..N_STEPS {
-        let key = (j as u32) * 16 + key_in_step;
+        let key_offset = (j as u32) * 16 * SmemTile::<HEAD_DIM>::ROW_BYTES;
         for pair in 0..DIM_TILES / 2 {
-            let b = arch::ldmatrix_x4_trans(v_tile.chunk_addr(key, (pair as u32) * 2 + chunk_in_pair));
+            let addr = SmemTile::<HEAD_DIM>::chunks_across(lane_addr, (pair as u32) * 2, swizzle_in_place(M_TILES))
+                + key_offset;
+            let b = arch::ldmatrix_x4_trans(addr);
             for m in 0..M_TILES {
                 E::mma(&mut o[m][2 * pair], &p[m][j], &[b[0], b[1]]);
                 E::mma(&mut o[m][2 * pair + 1], &p[m][j], &[b[2], b[3]]);

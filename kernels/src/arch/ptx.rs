@@ -355,6 +355,30 @@ pub fn trap() -> ! {
     unsafe { asm!("trap;", options(noreturn, nostack)) }
 }
 
+/// `%tid.x`, read again where it is written: without `pure`, LLVM does not
+/// hoist it, nor the offsets derived from it, out of a loop, so a loop can
+/// recompute a per-thread offset from it instead of holding a register.
+#[inline(always)]
+pub fn thread_idx_x_here() -> u32 {
+    let value: u32;
+    unsafe { asm!("mov.u32 {r}, %tid.x;", r = out(reg32) value, options(nomem, nostack)) };
+    value
+}
+
+/// `xor.b32`, left where it is written: without `pure`, LLVM neither
+/// hoists it out of a loop nor merges it with an equal one. The ldmatrix
+/// addresses use it to re-derive their swizzled offsets at each use
+/// ([`crate::layout::SmemTile::chunks_across`]) instead of holding one
+/// register per offset through the key loop.
+#[inline(always)]
+pub fn xor_in_place(a: u32, b: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("xor.b32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, options(nomem, nostack))
+    };
+    r
+}
+
 /// `fma.rn.f32`: `a * b + c` with one rounding.
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {

@@ -25,6 +25,11 @@ pub fn thread_idx_x() -> u32 {
     context::with(|t| t.tid)
 }
 
+/// `%tid.x` (read again in place on the GPU; see the PTX version).
+pub fn thread_idx_x_here() -> u32 {
+    thread_idx_x()
+}
+
 /// `%ctaid.x`: the block's index along x.
 pub fn block_idx_x() -> u32 {
     context::with(|t| t.block.ctaid[0])
@@ -367,6 +372,11 @@ fn store_global(ptr: *mut u8, bytes: &[u8], instruction: &'static str, site: Sit
 pub fn trap() -> ! {
     let site = Location::caller();
     context::with(|t| t.block.fail(Fault::new(FaultKind::Trap, Some(t.tid), format!("trap at {site}"))))
+}
+
+/// `xor.b32` (kept in place on the GPU; see the PTX version).
+pub fn xor_in_place(a: u32, b: u32) -> u32 {
+    a ^ b
 }
 
 /// `fma.rn.f32`: `a * b + c` with one rounding.
