@@ -67,10 +67,11 @@ impl<const HEAD_DIM: usize> SmemTile<HEAD_DIM> {
     /// leaves to it, and the high chunks fold into the instruction's
     /// immediate offset.
     ///
-    /// With `in_place` (a constant at every call) the XOR stays at each use ([`arch::xor_in_place`]): a
-    /// lane walking the chunks of a row in a loop then keeps one address
-    /// live instead of the four (one per `chunks % 8`) that LLVM would
-    /// otherwise hoist, at one instruction per use.
+    /// With `in_place` (a constant at every call) the XOR stays at each use
+    /// ([`arch::xor_in_place`]): a lane walking the chunks of a row in a
+    /// loop then keeps one address live instead of the four (one per
+    /// `chunks % 8`) that LLVM would otherwise hoist, at one instruction per
+    /// use.
     #[inline(always)]
     pub fn chunks_across(addr: u32, chunks: u32, in_place: bool) -> u32 {
         let swizzle = (chunks % 8) << 4;
