@@ -60,6 +60,18 @@ struct Shape {
     dtype: &'static str,
 }
 
+impl Shape {
+    /// Sequences per call: batch * seqlen = 16384.
+    fn batch(&self) -> usize {
+        16384 / self.seqlen
+    }
+
+    /// Heads per call: hidden 2048 (rounded down where d does not divide it).
+    fn heads(&self) -> usize {
+        2048 / self.head_dim
+    }
+}
+
 /// TFLOP/s of `shape` through the dense API, or with `varlen` through
 /// `forward_varlen_into` with every sequence of the batch packed at the
 /// same length (the general kernels on the same work).
@@ -69,8 +81,7 @@ fn time_shape<T: TestElement>(
     varlen: bool,
     reps: usize,
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let batch = 16384 / shape.seqlen;
-    let heads = 2048 / shape.head_dim;
+    let (batch, heads) = (shape.batch(), shape.heads());
     let dims = [batch, shape.seqlen, heads, shape.head_dim];
     let n: usize = dims.iter().product();
     let mut rng = rand::thread_rng();
@@ -379,8 +390,8 @@ fn prefill_rows(
                             head_dim,
                             causal,
                             seqlen,
-                            16384 / seqlen,
-                            2048 / head_dim,
+                            shape.batch(),
+                            shape.heads(),
                             tflops,
                             ceiling
                         )?;
@@ -424,8 +435,8 @@ fn varlen_rows(
                         head_dim,
                         causal,
                         seqlen,
-                        16384 / seqlen,
-                        2048 / head_dim,
+                        shape.batch(),
+                        shape.heads(),
                         varlen,
                         dense
                     )?;
