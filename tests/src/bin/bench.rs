@@ -116,13 +116,16 @@ fn time_shape<T: TestElement>(
     Ok(flops / (median_ms * 1e-3) / 1e12)
 }
 
-/// TFLOP/s of the `mma_ceiling` kernel: 8 blocks of 8 warps for each SM
-/// per SM, each warp `CHAINS` independent MMA chains; median of 10 runs.
-fn mma_ceiling_tflops() -> Result<f64, Box<dyn std::error::Error>> {
+/// TFLOP/s of the `mma_ceiling` kernel with `blocks_per_sm` blocks of
+/// `warps` warps for each SM, each warp `CHAINS` independent MMA chains;
+/// median of 10 runs. The ceiling proper is 8 blocks of 8 warps (16 warps
+/// per scheduler); fewer warps say what the tensor pipe gives the 1-2
+/// warps per scheduler of the attention kernels.
+fn mma_ceiling_tflops(blocks_per_sm: u32, warps: u32) -> Result<f64, Box<dyn std::error::Error>> {
     let module = Module::from_ptx(PTX, &[])?;
     let function = module.get_function("mma_ceiling")?;
     let sms = CurrentContext::get_device()?.get_attribute(DeviceAttribute::MultiprocessorCount)? as u32;
-    let (blocks, threads, mut iterations) = (sms * 8, 256u32, 512u32);
+    let (blocks, threads, mut iterations) = (sms * blocks_per_sm, 32 * warps, 512u32);
     let out = DeviceBuffer::from_slice(&vec![0f32; (blocks * threads) as usize])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
@@ -389,8 +392,10 @@ fn prefill_rows(
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let ceiling = mma_ceiling_tflops()?;
+    let ceiling = mma_ceiling_tflops(8, 8)?;
     println!("mma.sync m16n8k16 f16 ceiling (registers only, this GPU): {ceiling:.1} TFLOP/s");
+    let (one, two) = (mma_ceiling_tflops(1, 4)?, mma_ceiling_tflops(2, 4)?);
+    println!("  with 1 / 2 warps per scheduler (4 / 8 per SM): {one:.1} / {two:.1} TFLOP/s");
     println!("{:<6} {:>4} {:>7} {:>6} {:>10} {:>10}", "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling");
     for dtype in ["f16", "bf16"] {
         for &head_dim in head_dims {
