@@ -1,8 +1,8 @@
 //! The general kernels' features on the emulator, against the f64 reference
 //! run per sequence: variable lengths (empty sequences included), KV caches
 //! (contiguous and paged, with appends), local windows with and without
-//! causal masking, softcap, ALiBi, split-KV with its combine kernel, and the
-//! decode tile config.
+//! causal masking, softcap, ALiBi, split-KV (the last block of each query
+//! block merging its splits), and the decode tile config.
 
 use flash_attn_kernels::emulated::{append_kv, forward_general, Features, Output, Tensor, POISON};
 use flash_attn_kernels::entry::{kernel, DType, HostKernel};
