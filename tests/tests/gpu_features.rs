@@ -721,3 +721,66 @@ fn run_other_head_dims<T: TestElement>(test: &str) {
 }
 
 f16_and_bf16_tests!(f16_other_head_dims, bf16_other_head_dims: run_other_head_dims());
+
+/// Split calls queued back to back on one stream with one workspace,
+/// nothing synchronized between them: the last CTA of each query block
+/// leaves its split-KV counter zero for the next call. The same call
+/// twice, then other split counts and the general kernel (40 query rows),
+/// each against the reference.
+#[test]
+fn back_to_back_split_calls_share_a_workspace() {
+    let test = "back_to_back_split_calls_share_a_workspace";
+    let Some((_context, attention)) = gpu(test) else { return };
+    let mut rng = rand::thread_rng();
+    let ((hq, hkv), d, capacity) = ((16, 2), 128, 3000);
+    let lens: &[i32] = &[1, 2999, 700];
+    let batch = lens.len();
+    let cache_shape = [batch, capacity, hkv, d];
+    let (k, k_dense) = random_values::<f16>(&mut rng, batch * capacity * hkv * d);
+    let (v, v_dense) = random_values::<f16>(&mut rng, batch * capacity * hkv * d);
+    let (k_dev, v_dev) = (upload(&k), upload(&v));
+    let cache_seqlens = CacheSeqlens::new(lens).expect("cache_seqlens");
+    let stream = stream();
+    let mut workspace = Workspace::new();
+    // (seqlen_q, num_splits) of each call; the first two are the same call.
+    let calls = [(1, Some(3)), (1, Some(3)), (1, Some(7)), (40, Some(2)), (1, None)];
+    let mut queries: Vec<_> =
+        calls.iter().map(|&(sq, _)| random_values::<f16>(&mut rng, batch * sq * hq * d)).collect();
+    queries[1] = queries[0].clone();
+    let mut launched = Vec::new();
+    for (&(sq, num_splits), (q, q_dense)) in calls.iter().zip(queries) {
+        let q_dev = upload(&q);
+        let mut o = poisoned::<f16>(batch * sq * hq * d);
+        let mut lse = upload(&vec![f32::NAN; batch * hq * sq]);
+        let features = Features { causal: true, num_splits, ..Default::default() };
+        let cache = KvCache::new(Tensor::new(&k_dev, cache_shape), Tensor::new(&v_dev, cache_shape), &cache_seqlens);
+        let q_shape = [batch, sq, hq, d];
+        attention
+            .forward_kvcache_into(
+                Tensor::new(&q_dev, q_shape),
+                cache,
+                TensorMut::new(&mut o, q_shape),
+                &mut lse,
+                &features.params(None),
+                &mut workspace,
+                &stream,
+            )
+            .unwrap_or_else(refused(&(sq, num_splits)));
+        launched.push((sq, q_dense, q_dev, o, lse, features));
+    }
+    stream.synchronize().unwrap_or_else(|e| panic!("{test}: kernel failed: {e}"));
+    let row = hkv * d;
+    for (sq, q_dense, _, o, lse, features) in &launched {
+        let (o, lse) = (download(o), download(lse));
+        for (b, &len) in lens.iter().enumerate() {
+            let keys = |cache: &[f64]| cache[b * capacity * row..][..len as usize * row].to_vec();
+            let p = features.reference(1, *sq, len as usize, (hq, hkv), d);
+            let q_b = &q_dense[b * sq * hq * d..(b + 1) * sq * hq * d];
+            let expected = attention_with_alibi(&p, None, q_b, &keys(&k_dense), &keys(&v_dense));
+            let o_b: Vec<f64> = o[b * sq * hq * d..(b + 1) * sq * hq * d].iter().map(|x| x.to_f64()).collect();
+            let what = format!("{test}: seqlen_q {sq}, {:?} splits, batch {b}", features.num_splits);
+            let r = check_against::<f16>(&what, &o_b, &lse[b * hq * sq..(b + 1) * hq * sq], &expected);
+            report(test, &what, &r);
+        }
+    }
+}
