@@ -41,7 +41,7 @@ gpu_test="$(ls "$here"/bin/test-flash-attn-tests-test-gpu_forward* | head -n1)"
 features_test="$(ls "$here"/bin/test-flash-attn-tests-test-gpu_features* | head -n1)"
 memcheck="clean"
 # A ragged causal GQA case of the dense kernels, then paged KV caches with
-# appends and split-KV (general and decode kernels merging their splits, append).
+# appends and split-KV (general and decode kernels, combine, append).
 for run in "$gpu_test memcheck_ragged_causal_gqa" "$features_test f16_paged_kv_cache" "$features_test stale_cache_slots_are_never_read"; do
   set -- $run
   echo "== compute-sanitizer memcheck on $2"

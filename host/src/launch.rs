@@ -139,51 +139,46 @@ pub(crate) fn swap_gqa_decode(args: &mut ForwardParams) -> bool {
     true
 }
 
-/// The scratch memory of a call: byte offsets of the regions of its data
-/// scratch, and its split-KV counters, which live apart (zeroed memory).
+/// Byte offsets of the regions of a call's scratch memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ScratchLayout {
     /// `seqused_k`, i32 per batch (KV cache appends only).
     pub seqused_k: usize,
-    /// `o_partial`, `[num_splits, batch, heads_q, seqlen_q]` partial rows
-    /// of `partial_row_floats(head_dim)` f32.
+    /// `lse_partial`, f32 `[num_splits, batch, heads_q, seqlen_q]`.
+    pub lse_partial: usize,
+    /// `o_partial`, f32 `[num_splits, batch, heads_q, seqlen_q, head_dim]`.
     pub o_partial: usize,
-    /// The whole data scratch; 0 when the call needs none.
+    /// The whole scratch; 0 when the call needs none.
     pub bytes: usize,
-    /// Split-KV counters (u32), one per (batch, head, query row), of which
-    /// each query block's first row's is used; 0 without a split.
-    pub counters: usize,
 }
 
 impl ScratchLayout {
-    /// Room for `seqused_len` i32 and, with more than one split, the
-    /// partials and the counters.
+    /// Room for `seqused_len` i32 and, with more than one split, the partials.
     fn new(args: &ForwardParams, batch: usize, head_dim: usize, seqused_len: usize) -> Result<Self> {
         let overflow =
             || Error::TooLarge { what: "split-KV scratch bytes", value: usize::MAX, max: isize::MAX as usize };
         let round = |n: usize| n.checked_next_multiple_of(SCRATCH_ALIGN).ok_or_else(overflow);
         let seqused_bytes = round(seqused_len * 4)?;
-        let (mut o_bytes, mut counters) = (0, 0);
+        let (mut lse_bytes, mut o_bytes) = (0, 0);
         if args.num_splits > 1 {
             let rows = [args.num_splits as usize, batch, args.heads_q as usize, args.seqlen_q as usize]
                 .into_iter()
                 .try_fold(1usize, |n, d| n.checked_mul(d))
                 .ok_or_else(overflow)?;
-            // The kernels index the partial rows with 32-bit integers, and
-            // the counters too, those of split 0's rows.
+            // The kernels index the partial rows with 32-bit integers.
             if rows > u32::MAX as usize {
                 return Err(Error::TooLarge { what: "split-KV partial rows", value: rows, max: u32::MAX as usize });
             }
-            let row_bytes = params::partial_row_floats(head_dim as u32) as usize * 4;
-            o_bytes = round(rows.checked_mul(row_bytes).ok_or_else(overflow)?)?;
-            counters = rows / args.num_splits as usize;
+            lse_bytes = round(rows.checked_mul(4).ok_or_else(overflow)?)?;
+            o_bytes = round(rows.checked_mul(head_dim * 4).ok_or_else(overflow)?)?;
         }
-        let o_partial = seqused_bytes;
+        let lse_partial = seqused_bytes;
+        let o_partial = lse_partial + lse_bytes;
         let bytes = o_partial.checked_add(o_bytes).ok_or_else(overflow)?;
         if bytes > isize::MAX as usize {
             return Err(overflow());
         }
-        Ok(ScratchLayout { seqused_k: 0, o_partial, bytes, counters })
+        Ok(ScratchLayout { seqused_k: 0, lse_partial, o_partial, bytes })
     }
 }
 
@@ -196,8 +191,12 @@ pub(crate) struct Plan {
     pub variant: KernelVariant,
     pub config: TileConfig,
     pub grid: (u32, u32, u32),
+    /// `batch` of the call (grid z).
+    pub batch: usize,
     pub head_dim: usize,
     pub scratch: ScratchLayout,
+    /// Grid x of the split-KV merge (0: no merge).
+    pub combine_blocks: u32,
 }
 
 /// Chooses the kernel, the split and the grid of a call with the validated
@@ -236,8 +235,25 @@ pub(crate) fn plan(
     if grid_x > MAX_GRID_X {
         return Err(Error::TooLarge { what: "query blocks * num_splits", value: grid_x, max: MAX_GRID_X });
     }
+    let mut combine_blocks = 0;
+    if num_splits > 1 {
+        let merged_rows = rows * heads_q * batch;
+        combine_blocks = params::combine_blocks(merged_rows as u64, head_dim as u32) as usize;
+        if combine_blocks > MAX_GRID_X {
+            return Err(Error::TooLarge { what: "split-KV merge blocks", value: combine_blocks, max: MAX_GRID_X });
+        }
+    }
     let scratch = ScratchLayout::new(&args, batch, head_dim, seqused_len)?;
-    Ok(Plan { args, variant, config, grid: (grid_x as u32, heads_q as u32, batch as u32), head_dim, scratch })
+    Ok(Plan {
+        args,
+        variant,
+        config,
+        grid: (grid_x as u32, heads_q as u32, batch as u32),
+        batch,
+        head_dim,
+        scratch,
+        combine_blocks: combine_blocks as u32,
+    })
 }
 
 #[cfg(test)]
@@ -332,7 +348,8 @@ mod tests {
         assert_eq!(plan.variant, KernelVariant::Full);
         assert_eq!(plan.grid, (8, 8, 16)); // ceil(1000 / 128) query blocks
         assert_eq!(plan.args.num_splits, 1);
-        assert_eq!(plan.scratch, ScratchLayout { seqused_k: 0, o_partial: 0, bytes: 0, counters: 0 });
+        assert_eq!(plan.scratch.bytes, 0);
+        assert_eq!(plan.combine_blocks, 0);
         assert_eq!(plan.config, config::tile_config(128).unwrap());
         let mut causal = args(1000, 1000, 8, 8, 128);
         causal.window_right = 0;
@@ -360,8 +377,7 @@ mod tests {
         assert_eq!(plan.variant, KernelVariant::General);
         assert_eq!(plan.args.num_splits, 2);
         assert_eq!(plan.grid, (16, 8, 2));
-        // A counter per (batch, head, query row).
-        assert_eq!(plan.scratch.counters, 2 * 8 * 1000);
+        assert_eq!(plan.combine_blocks as usize, (2 * 8 * 1000 * 128 / 8usize).div_ceil(4));
     }
 
     #[test]
@@ -388,11 +404,11 @@ mod tests {
         assert_eq!(plan.variant, KernelVariant::General);
         assert_eq!(plan.args.num_splits, 3);
         assert_eq!(plan.grid, (3 * 2, 4, 3));
-        // Partial rows of O and a 16-byte tail holding the LSE.
         let rows = 3 * 3 * 4 * 200usize;
-        assert_eq!(plan.scratch.o_partial, 0);
-        assert_eq!(plan.scratch.bytes, (rows * (128 + 4) * 4).next_multiple_of(256));
-        assert_eq!(plan.scratch.counters, 3 * 4 * 200);
+        assert_eq!(plan.scratch.lse_partial, 0);
+        assert_eq!(plan.scratch.o_partial, (rows * 4).next_multiple_of(256));
+        assert_eq!(plan.scratch.bytes, plan.scratch.o_partial + rows * 128 * 4);
+        assert_eq!(plan.combine_blocks as usize, (3 * 4 * 200 * 128 / 8usize).div_ceil(4));
     }
 
     #[test]
@@ -486,12 +502,12 @@ mod tests {
     fn scratch_holds_uploaded_lengths_before_the_partials() {
         let plan = plan(args(1, 3000, 8, 8, 64), 5, 64, Some(2), 5, h100).unwrap();
         assert_eq!(plan.scratch.seqused_k, 0);
-        assert_eq!(plan.scratch.o_partial, 256);
+        assert_eq!(plan.scratch.lse_partial, 256);
         let rows = 2 * 5 * 8usize;
-        assert_eq!(plan.scratch.bytes, 256 + (rows * (64 + 4) * 4).next_multiple_of(256));
-        assert_eq!(plan.scratch.counters, 5 * 8);
+        assert_eq!(plan.scratch.o_partial, 256 + (rows * 4).next_multiple_of(256));
+        assert_eq!(plan.scratch.bytes, plan.scratch.o_partial + (rows * 64 * 4).next_multiple_of(256));
         let unsplit = super::plan(args(1, 3000, 8, 8, 64), 5, 64, Some(1), 5, h100).unwrap();
-        assert_eq!((unsplit.scratch.bytes, unsplit.scratch.counters), (256, 0));
+        assert_eq!(unsplit.scratch.bytes, 256);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use cust::sys::CUfunction;
 use crate::error::{Error, Result};
 use crate::kvcache::{validate_kvcache, Append, KvCache};
 use crate::launch::{plan, KernelVariant, Plan};
-use crate::params::ForwardParams;
+use crate::params::{CombineParams, ForwardParams};
 use crate::validate::{validate, AttentionParams, Layout, Placed, Problem, SUPPORTED_HEAD_DIMS};
 use crate::varlen::{validate_varlen, SeqOffsets};
 use crate::workspace::{Scratch, Workspace};
@@ -25,12 +25,17 @@ pub const PTX: &str = include_str!("../kernels.ptx");
 /// The kernel that appends new keys and values to a KV cache.
 pub const APPEND_KERNEL: &str = "kv_cache_append";
 
-/// Threads of the append kernel.
-const APPEND_THREADS: u32 = 128;
+/// Threads of the append and split-KV merge kernels.
+const SMALL_KERNEL_THREADS: u32 = 128;
 
 /// The name of the attention kernel of one (head dim, element type, variant).
 pub fn kernel_name(head_dim: usize, element: &str, variant: KernelVariant) -> String {
     format!("flash_fwd_d{head_dim}_{element}_{}", variant.suffix())
+}
+
+/// The name of the split-KV merge kernel of an element type.
+pub fn combine_kernel_name(element: &str) -> String {
+    format!("flash_combine_{element}")
 }
 
 /// The element type names in kernel names.
@@ -187,6 +192,8 @@ pub struct FlashAttention {
     sm_count: usize,
     /// By (head dim, element type name, variant).
     attention: HashMap<(usize, &'static str, KernelVariant), AttentionKernel>,
+    /// The split-KV merge kernel, by element type name.
+    combine: HashMap<&'static str, CUfunction>,
     append: CUfunction,
 }
 
@@ -257,8 +264,12 @@ impl FlashAttention {
             attention
                 .insert((head_dim, element, variant), AttentionKernel { function: function.to_raw(), blocks_per_sm });
         }
+        let mut combine = HashMap::new();
+        for element in ELEMENT_NAMES {
+            combine.insert(element, module.get_function(combine_kernel_name(element))?.to_raw());
+        }
         let append = module.get_function(APPEND_KERNEL)?.to_raw();
-        Ok(Self { _module: module, sm_count, attention, append })
+        Ok(Self { _module: module, sm_count, attention, combine, append })
     }
 
     /// The GPU's number of streaming multiprocessors.
@@ -493,8 +504,7 @@ impl FlashAttention {
         let (lse_addr, lse_len) = (lse.as_device_ptr().as_raw(), lse.len());
         let call = validate_kvcache(&q.placed("q"), &cache.args(), &o.placed("o"), lse_addr, lse_len, params)?;
         let plan = self.plan::<T>(call.args, &call.problem, params.num_splits, call.seqused_k.len())?;
-        let mut scratch = Scratch::Workspace { workspace, stream };
-        self.launch::<T>(&plan, call.append.as_ref(), &call.seqused_k, &mut scratch, stream)?;
+        self.launch::<T>(&plan, call.append.as_ref(), &call.seqused_k, &mut Scratch::Workspace(workspace), stream)?;
         Ok(call.problem)
     }
 
@@ -515,8 +525,8 @@ impl FlashAttention {
         plan(args, problem.batch, problem.head_dim, num_splits, seqused_len, wave)
     }
 
-    /// Launches a planned call on `stream`: the append (if any), then the
-    /// attention, whose last CTA of each query block merges the splits.
+    /// Launches a planned call on `stream`: the append (if any), the
+    /// attention, and the split-KV merge (if split), in that order.
     fn launch<T: Element>(
         &self,
         plan: &Plan,
@@ -534,20 +544,27 @@ impl FlashAttention {
                 args.seqused_k = addr as *const i32;
             }
             if args.num_splits > 1 {
+                args.lse_partial = (base + plan.scratch.lse_partial as u64) as *mut f32;
                 args.o_partial = (base + plan.scratch.o_partial as u64) as *mut f32;
-                args.split_counters = scratch.counters(plan.scratch.counters)? as *mut u32;
             }
         }
         if let Some(append) = append {
             let mut append_args = append.args;
             let arg_ptr = &mut append_args as *mut _ as *mut c_void;
-            unsafe { launch_kernel(self.append, append.grid, APPEND_THREADS, 0, arg_ptr, stream)? };
+            unsafe { launch_kernel(self.append, append.grid, SMALL_KERNEL_THREADS, 0, arg_ptr, stream)? };
         }
         // Every (head dim, element, variant) a plan can name was loaded in `new`.
         let kernel = self.attention[&(plan.head_dim, T::NAME, plan.variant)];
         let arg_ptr = &mut args as *mut _ as *mut c_void;
         let (threads, smem_bytes) = (plan.config.threads(), plan.config.smem_bytes());
-        unsafe { launch_kernel(kernel.function, plan.grid, threads, smem_bytes, arg_ptr, stream) }
+        unsafe { launch_kernel(kernel.function, plan.grid, threads, smem_bytes, arg_ptr, stream)? };
+        if args.num_splits > 1 {
+            let mut combine = CombineParams::of(&args, plan.batch as u32, plan.head_dim as u32);
+            let arg_ptr = &mut combine as *mut _ as *mut c_void;
+            let grid = (plan.combine_blocks, 1, 1);
+            unsafe { launch_kernel(self.combine[T::NAME], grid, SMALL_KERNEL_THREADS, 0, arg_ptr, stream)? };
+        }
+        Ok(())
     }
 }
 
@@ -555,8 +572,8 @@ impl FlashAttention {
 mod tests {
     use super::*;
 
-    /// A `host/kernels.ptx` built before the general, decode and append
-    /// kernels existed fails this: `cargo xtask build-ptx` rebuilds it.
+    /// A `host/kernels.ptx` built before the general, decode, merge and
+    /// append kernels existed fails this: `cargo xtask build-ptx` rebuilds it.
     #[test]
     fn embedded_ptx_exports_every_kernel_for_sm_80() {
         assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");
@@ -565,15 +582,14 @@ mod tests {
         let missing: Vec<String> = names
             .into_iter()
             .map(|(_, _, name)| name)
-            .chain([APPEND_KERNEL.to_string()])
+            .chain([combine_kernel_name("f16"), combine_kernel_name("bf16"), APPEND_KERNEL.to_string()])
             .filter(|name| !PTX.contains(&format!(".visible .entry {name}(")))
             .collect();
         assert!(missing.is_empty(), "missing from the embedded PTX: {missing:?}");
-        // The attention kernels (which merge their own split-KV partials),
-        // the append kernel, the primitive probe of the emulator cross-check,
-        // and the benchmark's mma.sync ceiling.
+        // The attention kernels, the merge and append kernels, the primitive
+        // probe of the emulator cross-check, and the benchmark's mma.sync ceiling.
         assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), 8 * 2 * 4);
-        assert_eq!(PTX.matches(".visible .entry ").count(), 8 * 2 * 4 + 3);
+        assert_eq!(PTX.matches(".visible .entry flash_combine").count(), 2);
         assert!(PTX.contains(".visible .entry probe_primitives("));
         assert!(PTX.contains(".visible .entry mma_ceiling("));
     }
@@ -594,6 +610,7 @@ mod tests {
     fn kernel_names_follow_the_ptx_exports() {
         assert_eq!(kernel_name(128, "bf16", KernelVariant::Decode), "flash_fwd_d128_bf16_decode");
         assert_eq!(kernel_name(64, "f16", KernelVariant::Causal), "flash_fwd_d64_f16_causal");
+        assert_eq!(combine_kernel_name("f16"), "flash_combine_f16");
     }
 
     #[test]

@@ -116,8 +116,8 @@ pub struct AttentionParams<'a> {
     /// Query `i` of head `h` adds `-slope[h] * |i + seqlen_k - seqlen_q - j|`
     /// to its score for key `j`.
     pub alibi_slopes: Option<&'a DeviceSlice<f32>>,
-    /// Split-KV: how many CTAs share the keys of each query block (the
-    /// last of them to finish merges their partial results). `None` lets
+    /// Split-KV: how many CTAs share the keys of each query block (their
+    /// partial results are then merged by a second kernel). `None` lets
     /// [`num_splits_heuristic`](crate::num_splits_heuristic) choose;
     /// `Some(1)` never splits. At most [`MAX_SPLITS`](crate::MAX_SPLITS).
     pub num_splits: Option<usize>,
@@ -727,7 +727,7 @@ mod tests {
     fn a_dense_call_keeps_every_general_feature_off() {
         let (args, _) = Call::new(128).run().unwrap();
         assert!(args.cu_seqlens_q.is_null() && args.cu_seqlens_k.is_null() && args.seqused_k.is_null());
-        assert!(args.block_table.is_null() && args.o_partial.is_null() && args.split_counters.is_null());
+        assert!(args.block_table.is_null() && args.o_partial.is_null() && args.lse_partial.is_null());
         assert_eq!((args.num_splits, args.page_size), (1, 0));
         // LSE [2, 8, 100].
         assert_eq!((args.lse_batch_stride, args.lse_head_stride), (800, 100));

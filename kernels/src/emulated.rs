@@ -3,9 +3,10 @@
 //! tests and the `emulate` example run without a GPU.
 
 use crate::append::APPEND_THREADS;
+use crate::combine::COMBINE_WARPS;
 use crate::emu::{self, GlobalRegion, LaunchConfig};
 use crate::entry::{self, DType, HostKernel};
-use crate::params::{partial_row_floats, AppendParams, ForwardParams, ForwardSizes, TensorArg};
+use crate::params::{combine_blocks, AppendParams, CombineParams, ForwardParams, ForwardSizes, TensorArg};
 use crate::reference::{self, ReferenceProblem};
 
 /// 16 bytes, the alignment `cp.async` needs of every tensor.
@@ -329,48 +330,15 @@ pub struct Features {
     /// Paged K/V: the block table `[batch, pages_per_sequence]` and the page
     /// size; `k` and `v` are then `[pages, page_size, heads_kv, d]`.
     pub pages: Option<(Vec<i32>, usize, usize)>,
-    /// Split-KV parts (0 or 1: no split).
+    /// Split-KV parts (0 or 1: no split); the emulator then runs the combine
+    /// kernel too.
     pub num_splits: u32,
 }
 
-/// 16 bytes of f32, the alignment of the partial rows' copies.
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(16))]
-struct F32x4([f32; 4]);
-
-/// The split-KV scratch of the general kernels, reusable from call to call
-/// as the host crate's `Workspace`: the partial rows, and the counters of
-/// the blocks done, zero when allocated and left zero by every launch.
-#[derive(Debug, Default)]
-pub struct SplitScratch {
-    partials: Vec<F32x4>,
-    counters: Vec<u32>,
-}
-
-impl SplitScratch {
-    /// The counters as the last launch left them.
-    pub fn counters(&self) -> &[u32] {
-        &self.counters
-    }
-
-    /// Grows to `partial_floats` f32 of partial rows (new ones NaN) and
-    /// `counters` counters (new ones zero), keeping what is there.
-    fn reserve(&mut self, partial_floats: usize, counters: usize) {
-        let quads = partial_floats.div_ceil(4);
-        if self.partials.len() < quads {
-            self.partials.resize(quads, F32x4([f32::NAN; 4]));
-        }
-        if self.counters.len() < counters {
-            self.counters.resize(counters, 0);
-        }
-    }
-}
-
 /// Runs the general `kernel` over `batch` batches of up to `seqlen_q`
-/// queries with `features`, into a fresh contiguous `o` of `q`'s shape
-/// poisoned with NaN, with split-KV scratch of its own
-/// ([`forward_general_in`]). The LSE is `[batch, heads_q, seqlen_q]`, or
-/// `[heads_q, total_q]` for packed queries.
+/// queries with `features`, and, when split, the combine kernel, into a
+/// fresh contiguous `o` of `q`'s shape poisoned with NaN. The LSE is
+/// `[batch, heads_q, seqlen_q]`, or `[heads_q, total_q]` for packed queries.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_general(
     kernel: &HostKernel,
@@ -381,23 +349,6 @@ pub fn forward_general(
     seqlen_q: usize,
     scale: f32,
     features: &Features,
-) -> Result<Output, emu::Error> {
-    forward_general_in(kernel, q, k, v, batch, seqlen_q, scale, features, &mut SplitScratch::default())
-}
-
-/// [`forward_general`] with the split-KV scratch `scratch`, grown as the
-/// call needs: the same scratch serves calls one after another.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_general_in(
-    kernel: &HostKernel,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    batch: usize,
-    seqlen_q: usize,
-    scale: f32,
-    features: &Features,
-    scratch: &mut SplitScratch,
 ) -> Result<Output, emu::Error> {
     assert!(kernel.general, "{} is not a general kernel", kernel.name);
     let [_, q_rows, heads_q, head_dim] = q.shape;
@@ -447,16 +398,18 @@ pub fn forward_general_in(
         regions.push(GlobalRegion::read_only("alibi_slopes", slopes));
     }
     let num_splits = features.num_splits.max(1);
+    let partial_rows = num_splits as usize * batch * heads_q * seqlen_q;
+    let mut o_partial = vec![f32::NAN; if num_splits > 1 { partial_rows * head_dim } else { 0 }];
+    let mut lse_partial = vec![f32::NAN; if num_splits > 1 { partial_rows } else { 0 }];
     params.num_splits = num_splits;
-    regions.push(GlobalRegion::writable("o", o.data_mut()));
-    regions.push(GlobalRegion::writable("lse", &mut lse));
     if num_splits > 1 {
-        let partial_rows = num_splits as usize * batch * heads_q * seqlen_q;
-        scratch.reserve(partial_rows * partial_row_floats(head_dim as u32) as usize, batch * heads_q * seqlen_q);
-        params.o_partial = scratch.partials.as_mut_ptr().cast();
-        params.split_counters = scratch.counters.as_mut_ptr();
-        regions.push(GlobalRegion::writable("o_partial", &mut scratch.partials));
-        regions.push(GlobalRegion::writable("split_counters", &mut scratch.counters));
+        params.o_partial = o_partial.as_mut_ptr();
+        params.lse_partial = lse_partial.as_mut_ptr();
+        regions.push(GlobalRegion::writable("o_partial", &mut o_partial));
+        regions.push(GlobalRegion::writable("lse_partial", &mut lse_partial));
+    } else {
+        regions.push(GlobalRegion::writable("o", o.data_mut()));
+        regions.push(GlobalRegion::writable("lse", &mut lse));
     }
     let c = kernel.config;
     let grid = [num_splits * seqlen_q.div_ceil(c.block_m as usize) as u32, heads_q as u32, batch as u32];
@@ -464,6 +417,26 @@ pub fn forward_general_in(
     // SAFETY: the regions are the buffers behind `params`, alive until the
     // launch returns; the kernel is written for concurrent threads.
     unsafe { emu::launch(&config, &regions, || (kernel.run)(&params)) }?;
+    if num_splits > 1 {
+        let combine = CombineParams::of(&params, batch as u32, head_dim as u32);
+        let mut regions = vec![
+            GlobalRegion::read_only("o_partial", &o_partial),
+            GlobalRegion::read_only("lse_partial", &lse_partial),
+            GlobalRegion::writable("o", o.data_mut()),
+            GlobalRegion::writable("lse", &mut lse),
+        ];
+        if let Some(cu) = &features.cu_seqlens_q {
+            regions.push(GlobalRegion::read_only("cu_seqlens_q", cu));
+        }
+        let blocks = combine_blocks((batch * heads_q * seqlen_q) as u64, head_dim as u32) as u32;
+        let config = LaunchConfig::new([blocks, 1, 1], 32 * COMBINE_WARPS, 0);
+        let run = match kernel.dtype {
+            DType::F16 => entry::flash_combine_f16,
+            DType::Bf16 => entry::flash_combine_bf16,
+        };
+        // SAFETY: as above, for the combine's buffers.
+        unsafe { emu::launch(&config, &regions, || run(&combine)) }?;
+    }
     Ok(Output { o, lse })
 }
 

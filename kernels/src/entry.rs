@@ -2,10 +2,10 @@
 //! element type, variant), named `flash_fwd_d{head_dim}_{f16|bf16}_{variant}`.
 //! Variants: `full` and `causal` (dense), `general` (every feature of
 //! [`ForwardParams`] at run time) and `decode` (the same with the decode
-//! tile config), which also merge their own split-KV partials
-//! ([`crate::split_merge`]); besides them `kv_cache_append`. The host looks
-//! them up by these names. On the host (the emulator) each attention kernel
-//! is a plain function, listed by name in [`KERNELS`].
+//! tile config); besides them `flash_combine_{f16|bf16}` and
+//! `kv_cache_append`. The host looks them up by these names. On the host
+//! (the emulator) each attention kernel is a plain function, listed by name
+//! in [`KERNELS`].
 
 use crate::config::{
     causal_tile_config, decode_tile_config, general_tile_config, TileConfig, HEAD_DIM_128, HEAD_DIM_160, HEAD_DIM_192,
@@ -13,7 +13,7 @@ use crate::config::{
 };
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
-use crate::params::{AppendParams, ForwardParams};
+use crate::params::{AppendParams, CombineParams, ForwardParams};
 
 /// The element type of a kernel instance.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -190,6 +190,16 @@ macro_rules! kernel {
         #[cfg(not(target_arch = "nvptx64"))]
         pub unsafe fn $name($params: &$ty) $body
     };
+}
+
+kernel! {
+    /// Merges split-KV partial outputs ([`crate::combine`]) into f16.
+    flash_combine_f16(params: CombineParams) { crate::combine::combine_splits::<F16>(params) }
+}
+
+kernel! {
+    /// Merges split-KV partial outputs ([`crate::combine`]) into bf16.
+    flash_combine_bf16(params: CombineParams) { crate::combine::combine_splits::<Bf16>(params) }
 }
 
 kernel! {

@@ -6,7 +6,6 @@ use crate::arch;
 use crate::element::Element;
 use crate::layout::SmemTile;
 use crate::mma::Accumulators;
-use crate::params::partial_row_floats;
 use crate::pipeline;
 use crate::softmax::OnlineSoftmax;
 
@@ -64,39 +63,37 @@ pub unsafe fn write_output<E: Element, const M_TILES: usize, const DIM_TILES: us
 }
 
 /// Writes the warp's rows of a split-KV partial result in f32, straight from
-/// registers: rows of [`partial_row_floats`] from `o_partial`, each O
-/// normalised by this split's softmax sum, then this split's LSE in a
-/// 16-byte tail written whole (-inf, with O = 0, for a row that saw no key
-/// in the split).
+/// registers: O normalised by this split's softmax sum, `[rows, HEAD_DIM]`
+/// from `o_partial`, and this split's LSE from `lse_partial` (-inf, with
+/// O = 0, for a row that saw no key in the split).
 ///
 /// # Safety
-/// The `valid_rows` rows from `o_partial` are writable and 16-byte aligned.
+/// The `valid_rows` rows from `o_partial` and `lse_partial` are writable.
 #[inline(always)]
 pub unsafe fn write_partial_output<const M_TILES: usize, const DIM_TILES: usize, const HEAD_DIM: usize>(
     o: &Accumulators<M_TILES, DIM_TILES>,
     softmax: &OnlineSoftmax<M_TILES>,
     scale_log2: f32,
     o_partial: *mut f32,
+    lse_partial: *mut f32,
     valid_rows: u32,
     lane: u32,
 ) {
     let lane_row = lane / 4;
     let lane_col = 2 * (lane % 4);
-    let row_floats = partial_row_floats(HEAD_DIM as u32) as usize;
     for (m, o_m) in o.iter().enumerate() {
         for half in 0..2 {
             // Every lane takes part in the quad reduction, valid row or not.
             let (normalise, lse) = softmax.finish(m, half, scale_log2);
             let row = (m as u32) * 16 + (half as u32) * 8 + lane_row;
             if row < valid_rows {
-                let row_start = o_partial.add(row as usize * row_floats);
-                let out = row_start.add(lane_col as usize);
+                let out = o_partial.add(row as usize * HEAD_DIM + lane_col as usize);
                 for (d, tile) in o_m.iter().enumerate() {
                     arch::st_global_f32(out.add(d * 8), tile[2 * half] * normalise);
                     arch::st_global_f32(out.add(d * 8 + 1), tile[2 * half + 1] * normalise);
                 }
                 if lane % 4 == 0 {
-                    arch::st_global_v4(row_start.add(HEAD_DIM) as *mut u8, [lse.to_bits(), 0, 0, 0]);
+                    arch::st_global_f32(lse_partial.add(row as usize), lse);
                 }
             }
         }

@@ -15,16 +15,14 @@
 //! barriers only), and [`crate::warp_merge`] merges them at the end.
 
 use crate::arch;
-use crate::config::smem_row_bytes;
 use crate::element::Element;
 use crate::epilogue::{self, OutputRows};
 use crate::layout::SmemTile;
 use crate::mma;
-use crate::params::{partial_row_floats, ForwardParams};
+use crate::params::ForwardParams;
 use crate::pipeline::{cp_async_wait_pending, load_tile_async};
 use crate::problem::{split_key_blocks, Sequence, Visibility};
 use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
-use crate::split_merge::{self, SplitBlock};
 use crate::warp_merge;
 
 /// The kernel body, instantiated per element type, masking, features and
@@ -316,68 +314,27 @@ pub unsafe fn flash_forward<
         key_step!(step, false);
     }
 
-    // Whether this warp holds output rows: every warp, or warp 0 once the
-    // warps that split the keys have merged into it.
-    let holds_rows = if WARPS_SPLIT_KEYS && WARPS > 1 {
+    if WARPS_SPLIT_KEYS && WARPS > 1 {
         let scratch = q_tile.after_rows(block_m);
-        warp_merge::merge_into_first_warp(&mut softmax, &mut o, scratch, WARPS as u32, warp, lane, scale_log2)
-    } else {
-        true
-    };
+        if !warp_merge::merge_into_first_warp(&mut softmax, &mut o, scratch, WARPS as u32, warp, lane, scale_log2) {
+            return; // warp 0 writes the block's output
+        }
+    }
     let valid_rows = rows_in_block.saturating_sub(warp_first_row);
     if GENERAL && params.num_splits > 1 {
-        // Partial rows [split, batch, head, row] over the longest seqlen_q.
-        let split_rows = arch::grid_dim_z() * params.heads_q * params.seqlen_q;
-        let block_row = (batch * params.heads_q + head) * params.seqlen_q + first_row;
-        let row_floats = partial_row_floats(HEAD_DIM as u32) as usize;
-        if holds_rows {
-            let row = (split * split_rows + block_row + warp_first_row) as usize;
-            epilogue::write_partial_output::<M_TILES, DIM_TILES, HEAD_DIM>(
-                &o,
-                &softmax,
-                scale_log2,
-                params.o_partial.wrapping_add(row * row_floats),
-                valid_rows,
-                lane,
-            );
-        }
-        let block = SplitBlock {
-            partials: params.o_partial.wrapping_add(block_row as usize * row_floats),
-            split_rows,
-            counter: params.split_counters.wrapping_add(block_row as usize),
-            o: params.o.wrapping_offset(
-                (seq.o_offset + first_row as i64 * params.o_row_stride + head as i64 * params.o_head_stride) as isize,
-            ),
-            o_row_stride: params.o_row_stride as u32,
-            lse: params
-                .lse
-                .wrapping_offset((seq.lse_offset + head as i64 * params.lse_head_stride + first_row as i64) as isize),
-            rows: rows_in_block,
-        };
-        // The merge's copies go to the block's shared memory: the Q tile,
-        // then the stage sets (`TileConfig::smem_bytes`).
-        let stage_items = const {
-            let block_m = if WARPS_SPLIT_KEYS { 16 * M_TILES } else { WARPS * 16 * M_TILES };
-            let stage_sets = if WARPS_SPLIT_KEYS { WARPS } else { 1 };
-            let smem_rows = block_m + stage_sets * 2 * STAGES * BLOCK_N;
-            split_merge::stage_items(
-                smem_rows as u32 * smem_row_bytes(HEAD_DIM as u32),
-                block_m as u32,
-                (WARPS * 32) as u32,
-            )
-        };
-        split_merge::count_in_and_merge_if_last::<E, HEAD_DIM>(
-            &block,
-            params.num_splits,
-            block_m,
-            stage_items,
-            tid,
-            threads,
+        // [split, batch, head, row] over the longest seqlen_q.
+        let row = (((split * arch::grid_dim_z() + batch) * params.heads_q + head) * params.seqlen_q) as usize
+            + (first_row + warp_first_row) as usize;
+        epilogue::write_partial_output::<M_TILES, DIM_TILES, HEAD_DIM>(
+            &o,
+            &softmax,
+            scale_log2,
+            params.o_partial.wrapping_add(row * HEAD_DIM),
+            params.lse_partial.wrapping_add(row),
+            valid_rows,
+            lane,
         );
         return;
-    }
-    if !holds_rows {
-        return; // warp 0 writes the block's output
     }
     // Each warp stages O in its own rows of the Q tile, which only it reads.
     let out = OutputRows {

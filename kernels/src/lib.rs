@@ -5,8 +5,7 @@
 //! and their swizzle; [`pipeline`] global <-> shared copies; [`mma`] the
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
 //! and masking; [`warp_merge`] merging the warps of a block that split the
-//! keys; [`epilogue`] normalising and storing O and the LSE (or a split-KV
-//! partial); [`split_merge`] the last split-KV block merging the partials;
+//! keys; [`epilogue`] normalising and storing O and the LSE;
 //! [`forward`] the kernel body; [`entry`] the exported kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
 //! [`ceiling`] register-only MMAs, the benchmark's ceiling.
@@ -25,6 +24,7 @@
 pub mod append;
 pub mod arch;
 pub mod ceiling;
+pub mod combine;
 pub mod config;
 pub mod element;
 #[cfg(not(target_arch = "nvptx64"))]
@@ -41,7 +41,6 @@ pub mod problem;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod reference;
 pub mod softmax;
-pub mod split_merge;
 pub mod warp_merge;
 
 #[cfg(not(target_arch = "nvptx64"))]

@@ -76,19 +76,14 @@ pub struct ForwardParams {
     pub alibi_batch_stride: i64,
     /// Split-KV: the key blocks of each row block are divided among this
     /// many CTAs (grid x = `num_splits * m_blocks`, split-major). With more
-    /// than one, each writes its normalised output and LSE to `o_partial`,
-    /// `[num_splits, batch, heads_q, seqlen_q]` rows of
-    /// [`partial_row_floats`] f32 (O, then the LSE), and the last CTA of
-    /// each (batch, head, row block) to finish merges them into o and lse
-    /// ([`crate::split_merge`]).
+    /// than one, each writes its normalised output and LSE to `o_partial`
+    /// (`[num_splits, batch, heads_q, seqlen_q, head_dim]` f32) and
+    /// `lse_partial` (`[num_splits, batch, heads_q, seqlen_q]`), not to o/lse,
+    /// and `flash_combine_*` merges them.
     pub num_splits: u32,
     pub _pad: u32,
     pub o_partial: *mut f32,
-    /// With more than one split: `[batch, heads_q, seqlen_q]` counters,
-    /// zero before the launch, which the kernel leaves zero: the counter of
-    /// each row block's first row counts the CTAs of its splits that are
-    /// done (indexed like the partial rows, it needs no other index).
-    pub split_counters: *mut u32,
+    pub lse_partial: *mut f32,
 }
 
 /// A tensor as the kernel sees it: its first element and its strides (in
@@ -163,7 +158,7 @@ impl ForwardParams {
             num_splits: 1,
             _pad: 0,
             o_partial: core::ptr::null_mut(),
-            split_counters: core::ptr::null_mut(),
+            lse_partial: core::ptr::null_mut(),
         }
     }
 
@@ -175,14 +170,68 @@ impl ForwardParams {
 }
 
 /// The most CTAs the keys of one query block are split among (the host
-/// refuses more).
+/// refuses more; the merge loads this many splits per row at once).
 pub const MAX_SPLITS: u32 = 128;
 
-/// f32 of one split-KV partial row of `head_dim` columns: O, then its LSE
-/// in a 16-byte tail (the rest unused), so that the merge copies each in
-/// 16-byte pieces.
-pub const fn partial_row_floats(head_dim: u32) -> u32 {
-    head_dim + 4
+/// Warps per block of the combine kernel, and columns per warp.
+pub const COMBINE_WARPS: u32 = 4;
+pub const COMBINE_COLUMNS: u32 = 8;
+
+/// The combine kernel's grid x for `rows` merged rows of `head_dim`: one
+/// warp per (row, slice of [`COMBINE_COLUMNS`] columns).
+pub const fn combine_blocks(rows: u64, head_dim: u32) -> u64 {
+    (rows * (head_dim / COMBINE_COLUMNS) as u64).div_ceil(COMBINE_WARPS as u64)
+}
+
+/// The arguments of `flash_combine_{f16,bf16}`, which merges the split-KV
+/// partial outputs. Launch: 128 threads (four warps, each one row's slice of
+/// 8 columns), grid x = [`combine_blocks`], no dynamic shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CombineParams {
+    /// As [`ForwardParams::o_partial`] and [`ForwardParams::lse_partial`].
+    pub o_partial: *const f32,
+    pub lse_partial: *const f32,
+    /// As the o/lse fields of the forward call (cu_seqlens_q included).
+    pub o: *mut u16,
+    pub o_batch_stride: i64,
+    pub o_row_stride: i64,
+    pub o_head_stride: i64,
+    pub lse: *mut f32,
+    pub lse_batch_stride: i64,
+    pub lse_head_stride: i64,
+    pub cu_seqlens_q: *const i32,
+    pub num_splits: u32,
+    pub batch: u32,
+    pub heads_q: u32,
+    pub seqlen_q: u32,
+    pub head_dim: u32,
+    pub _pad: u32,
+}
+
+impl CombineParams {
+    /// The combine of the split-KV forward call `forward`, for `batch` batches
+    /// of `head_dim`.
+    pub fn of(forward: &ForwardParams, batch: u32, head_dim: u32) -> Self {
+        CombineParams {
+            o_partial: forward.o_partial,
+            lse_partial: forward.lse_partial,
+            o: forward.o,
+            o_batch_stride: forward.o_batch_stride,
+            o_row_stride: forward.o_row_stride,
+            o_head_stride: forward.o_head_stride,
+            lse: forward.lse,
+            lse_batch_stride: forward.lse_batch_stride,
+            lse_head_stride: forward.lse_head_stride,
+            cu_seqlens_q: forward.cu_seqlens_q,
+            num_splits: forward.num_splits,
+            batch,
+            heads_q: forward.heads_q,
+            seqlen_q: forward.seqlen_q,
+            head_dim,
+            _pad: 0,
+        }
+    }
 }
 
 /// The arguments of `kv_cache_append`, which copies new keys and values

@@ -349,35 +349,6 @@ pub unsafe fn ld_global_f32(ptr: *const f32) -> f32 {
     r
 }
 
-/// `fence.acq_rel.gpu`: orders this thread's memory accesses before it
-/// against those after it for every thread of the GPU, including, through
-/// the barriers before it, those of the threads it synchronized with
-/// (cumulativity). Followed by a relaxed atomic it releases, preceded by
-/// one it acquires (the PTX memory model's fence-based patterns). On the
-/// GPU it also invalidates the SM's L1, so that later loads see what the
-/// other SMs released.
-#[inline(always)]
-pub fn fence_acq_rel_gpu() {
-    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
-}
-
-/// `atom.relaxed.gpu.global.inc.u32`: atomically replaces the counter at
-/// `ptr` by `old >= limit ? 0 : old + 1` and returns `old`; relaxed, so it
-/// orders nothing by itself (see [`fence_acq_rel_gpu`]).
-///
-/// # Safety
-/// `ptr` must point to a writable, 4-byte aligned u32 of global memory.
-#[inline(always)]
-pub unsafe fn atom_inc_relaxed_gpu(ptr: *mut u32, limit: u32) -> u32 {
-    let old: u32;
-    asm!(
-        "atom.relaxed.gpu.global.inc.u32 {old}, [{p}], {limit};",
-        old = out(reg32) old, p = in(reg64) ptr, limit = in(reg32) limit,
-        options(nostack)
-    );
-    old
-}
-
 /// `trap`: aborts the kernel (the panic handler's end).
 #[inline(always)]
 pub fn trap() -> ! {

@@ -1,11 +1,10 @@
 //! The general kernels' features on the emulator, against the f64 reference
 //! run per sequence: variable lengths (empty sequences included), KV caches
 //! (contiguous and paged, with appends), local windows with and without
-//! causal masking, softcap, ALiBi, split-KV (the last block of each query
-//! block merging its splits, the counters left zero for the next call), and
-//! the decode tile config.
+//! causal masking, softcap, ALiBi, split-KV with its combine kernel, and the
+//! decode tile config.
 
-use flash_attn_kernels::emulated::{append_kv, forward_general_in, Features, Output, SplitScratch, Tensor, POISON};
+use flash_attn_kernels::emulated::{append_kv, forward_general, Features, Output, Tensor, POISON};
 use flash_attn_kernels::entry::{kernel, DType, HostKernel};
 use flash_attn_kernels::reference::{self, ReferenceProblem};
 
@@ -111,11 +110,6 @@ fn random(shape: [usize; 4], dtype: DType, seed: u64) -> Tensor {
 }
 
 fn check(case: &Case) {
-    check_in(case, &mut SplitScratch::default());
-}
-
-/// Runs `case` with the split-KV scratch `scratch` and checks it.
-fn check_in(case: &Case, scratch: &mut SplitScratch) {
     let kernel: &HostKernel = kernel(case.kernel).unwrap();
     let (dtype, d) = (kernel.dtype, kernel.config.head_dim as usize);
     let batch = case.seqlens_q.len();
@@ -177,7 +171,7 @@ fn check_in(case: &Case, scratch: &mut SplitScratch) {
     }
 
     let scale = 1.0 / (d as f32).sqrt();
-    let out = forward_general_in(kernel, &q.tensor, &k.tensor, &v.tensor, batch, max_q, scale, &features, scratch)
+    let out = forward_general(kernel, &q.tensor, &k.tensor, &v.tensor, batch, max_q, scale, &features)
         .unwrap_or_else(|e| panic!("{case:?}\n{e}"));
     compare(case, &out, &q, &k, &v, dtype, d, scale, &slopes);
 }
@@ -360,38 +354,6 @@ fn split_kv_merges_more_splits_than_a_warp_has_lanes() {
         case.num_splits = num_splits;
         case.heads_q = 2;
         check(&case);
-    }
-}
-
-#[test]
-fn split_kv_with_eight_warps_and_empty_key_sequences() {
-    // 256 threads over 128 rows: two lanes total each row's LSEs. Batch 1
-    // has no key at all: every split of its rows is empty.
-    let mut case = Case::new("flash_fwd_d224_f16_general", &[70, 3], &[500, 0]);
-    (case.packed_q, case.keys, case.num_splits) = (true, Keys::Packed, 4);
-    check(&case);
-    let mut case = Case::new("flash_fwd_d256_bf16_decode", &[2, 2, 2], &[0, 900, 31]);
-    (case.num_splits, case.causal) = (9, true);
-    check(&case);
-}
-
-#[test]
-fn split_calls_one_after_another_share_their_scratch() {
-    // The last block of each query block leaves its counter zero: the same
-    // call twice on one scratch, then calls of other split counts and
-    // shapes, each against the reference. A counter left nonzero would
-    // leave the next call's output unmerged (NaN).
-    let mut scratch = SplitScratch::default();
-    let decode = |num_splits, seed| Case {
-        num_splits,
-        seed,
-        heads_q: 4,
-        ..Case::new("flash_fwd_d64_f16_decode", &[5, 5], &[300, 40])
-    };
-    let general = Case { num_splits: 2, ..Case::new("flash_fwd_d128_bf16_general", &[40, 40], &[150, 200]) };
-    for case in [decode(3, 7), decode(3, 7), decode(7, 8), general, decode(3, 9)] {
-        check_in(&case, &mut scratch);
-        assert!(scratch.counters().iter().all(|&c| c == 0), "{case:?}: counters left {:?}", scratch.counters());
     }
 }
 

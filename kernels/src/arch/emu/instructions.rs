@@ -4,7 +4,6 @@
 //! their caller's source location (`#[track_caller]`) for fault messages.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::collective;
 use super::context::{self, Thread};
@@ -365,43 +364,6 @@ fn store_global(ptr: *mut u8, bytes: &[u8], instruction: &'static str, site: Sit
         t.ok(t.block.global.check(&access));
         // SAFETY: inside a registered writable allocation (checked above).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
-    })
-}
-
-/// `fence.acq_rel.gpu`: an acquire-release fence of the host thread running
-/// the block. Blocks run on several host threads at once, so the blocks'
-/// global stores (plain copies) and their atomics are ordered against
-/// each other by these fences as on the GPU; the threads of one block are
-/// coroutines of one host thread and already ordered.
-pub fn fence_acq_rel_gpu() {
-    std::sync::atomic::fence(Ordering::AcqRel)
-}
-
-/// `atom.relaxed.gpu.global.inc.u32`: atomically replaces the counter at
-/// `ptr` by `old >= limit ? 0 : old + 1` and returns `old`; relaxed, so it
-/// orders nothing by itself (see [`fence_acq_rel_gpu`]). A real atomic:
-/// other blocks may be counting on other host threads.
-///
-/// # Safety
-/// `ptr` must point to a writable, 4-byte aligned u32 of global memory.
-#[track_caller]
-pub unsafe fn atom_inc_relaxed_gpu(ptr: *mut u32, limit: u32) -> u32 {
-    let site = Location::caller();
-    context::with(|t| {
-        let instruction = "atom.relaxed.gpu.global.inc.u32";
-        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: 4, align: 4, write: true };
-        t.ok(t.block.global.check(&access));
-        // SAFETY: a registered writable u32 (checked above), which the
-        // kernels access only atomically while blocks run.
-        let counter = unsafe { AtomicU32::from_ptr(ptr) };
-        let mut old = counter.load(Ordering::Relaxed);
-        loop {
-            let new = if old >= limit { 0 } else { old + 1 };
-            match counter.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return old,
-                Err(seen) => old = seen,
-            }
-        }
     })
 }
 
