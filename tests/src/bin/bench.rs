@@ -4,8 +4,9 @@
 //! 4 * batch * heads * seqlen^2 * head_dim, halved for causal.
 //!
 //! Before the grid it times the mma.sync ceiling (`flash_attn_kernels::ceiling`:
-//! register-only m16n8k16 MMAs on every SM) and reports each shape's fraction
-//! of it.
+//! register-only m16n8k16 MMAs on every SM, also at 1 and 2 warps per
+//! scheduler) and reports each shape's fraction of it. Prefill and varlen
+//! calls are timed queued back to back (see `queued_median_ms`).
 //!
 //! With the standard grid, variable-length rows: d=64 and 128, f16, s=1024
 //! and 4096, every sequence packed at the same length through
