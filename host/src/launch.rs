@@ -356,15 +356,15 @@ mod tests {
         let causal_plan = super::plan(causal, 16, 128, None, 0, h100).unwrap();
         assert_eq!(causal_plan.variant, KernelVariant::Causal);
         // The causal kernels' own shape: the launch's shared memory must be
-        // theirs (at d=96, two K/V stages against the dense kernels' one).
+        // theirs (at d=64, one K/V stage against the dense kernels' two).
         assert_eq!(causal_plan.config, config::causal_tile_config(128).unwrap());
-        let mut causal_96 = args(1000, 1000, 8, 8, 96);
-        causal_96.window_right = 0;
-        let causal_96_plan = super::plan(causal_96, 16, 96, None, 0, h100).unwrap();
-        let dense_96_plan = super::plan(args(1000, 1000, 8, 8, 96), 16, 96, None, 0, h100).unwrap();
-        assert_eq!(causal_96_plan.variant, KernelVariant::Causal);
-        assert_eq!(causal_96_plan.config, config::causal_tile_config(96).unwrap());
-        assert!(causal_96_plan.config.smem_bytes() > dense_96_plan.config.smem_bytes());
+        let mut causal_64 = args(1000, 1000, 8, 8, 64);
+        causal_64.window_right = 0;
+        let causal_64_plan = super::plan(causal_64, 16, 64, None, 0, h100).unwrap();
+        let dense_64_plan = super::plan(args(1000, 1000, 8, 8, 64), 16, 64, None, 0, h100).unwrap();
+        assert_eq!(causal_64_plan.variant, KernelVariant::Causal);
+        assert_eq!(causal_64_plan.config, config::causal_tile_config(64).unwrap());
+        assert!(causal_64_plan.config.smem_bytes() < dense_64_plan.config.smem_bytes());
         // Forced not to split, a small grid stays dense too.
         assert_eq!(super::plan(causal, 1, 128, Some(1), 0, h100).unwrap().variant, KernelVariant::Causal);
     }

@@ -101,8 +101,11 @@ pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 pub const HEAD_DIM_64: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(64, 4, 2, 64, true) };
 /// Head dim 96: FlashAttention-2's shape, 32 rows per warp, 64-key blocks,
 /// Q re-read from shared memory (TUNING.md step 14: 2-8% faster than 32-key
-/// blocks with Q in registers), one K/V stage (step 19: 7% faster than two).
-pub const HEAD_DIM_96: TileConfig = TileConfig { stages: 1, ..TileConfig::new(96, 4, 2, 64, false) };
+/// blocks with Q in registers), two K/V stages with one barrier per step
+/// (step 31: 11% faster than one stage since the ldmatrix swizzle is
+/// re-derived per k-step, step 27; one stage had been 7% faster before,
+/// step 19).
+pub const HEAD_DIM_96: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(96, 4, 2, 64, false) };
 /// Head dim 128: FlashAttention-2's shape, 128 query rows, 32 per warp, Q
 /// re-read from shared memory so the 32 rows fit in 255 registers (TUNING.md
 /// step 2), 64-key blocks (step 19) in two K/V stages with one barrier per
@@ -149,9 +152,10 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 /// `head_dim`: the dense shape, with two K/V stages at d=96 and d=128, where
 /// one stage beside the diagonal blocks' masking spills (d=96: 72 B) or is
 /// slower, and one at d=64, 1-3% faster there than the dense kernel's two
-/// (TUNING.md steps 19-20). Two stages wait for K and V separately. At
-/// d=128 the masked and unmasked key blocks run in separate loops (step
-/// 23: 2-5% faster; 1-2% slower at d=64).
+/// (TUNING.md steps 19-20). Two stages wait for K and V together at d=96
+/// (step 31: 4-5% faster), separately at d=128 (together spills 4 B, step
+/// 27). At d=128 the masked and unmasked key blocks run in separate loops
+/// (step 23: 2-5% faster; 1-2% slower at d=64).
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
@@ -160,7 +164,7 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
                 96 | 128 => 2,
                 _ => dense.stages,
             },
-            wait_kv_at_top: false,
+            wait_kv_at_top: head_dim == 96,
             split_masked_steps: head_dim == 128,
             rederive_copy_offsets: false,
             ..dense
@@ -172,13 +176,14 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
 /// The tile config of the general kernels (`flash_fwd_d*_general`) for
 /// `head_dim`: the causal kernels' shape in one loop, except where the
 /// features' extra registers do not fit beside it without spilling: 32-key
-/// blocks at d=96, one K/V stage at d=128 (two spill 12 B since step 24),
+/// blocks at d=96 (their two stages waiting apart, as measured before step
+/// 31), one K/V stage at d=128 (two spill 12 B since step 24),
 /// and at d=192 8 warps of 16 rows in two stages (4 warps spill in one
 /// stage or two).
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
     match causal_tile_config(head_dim) {
         Some(causal) => Some(match head_dim {
-            96 => TileConfig { block_n: 32, split_masked_steps: false, ..causal },
+            96 => TileConfig { block_n: 32, wait_kv_at_top: false, split_masked_steps: false, ..causal },
             128 => TileConfig { stages: 1, split_masked_steps: false, ..causal },
             192 => TileConfig::new(192, 8, 1, 64, false),
             _ => TileConfig { split_masked_steps: false, ..causal },
