@@ -45,7 +45,7 @@ use std::io::Write;
 use flash_attn::cust::context::CurrentContext;
 use flash_attn::cust::device::DeviceAttribute;
 use flash_attn::cust::event::{Event, EventFlags};
-use flash_attn::cust::function::{BlockSize, GridSize};
+use flash_attn::cust::function::{BlockSize, Function, GridSize};
 use flash_attn::cust::memory::{DeviceBuffer, DeviceSlice};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
@@ -117,40 +117,39 @@ fn time_shape<T: TestElement>(
     Ok(flops / (median_ms * 1e-3) / 1e12)
 }
 
-/// TFLOP/s of the `mma_ceiling` kernel with `blocks_per_sm` blocks of
-/// `warps` warps for each SM, each warp `CHAINS` independent MMA chains;
-/// median of 10 runs. The ceiling proper is 8 blocks of 8 warps (16 warps
-/// per scheduler); fewer warps say what the tensor pipe gives the 1-2
-/// warps per scheduler of the attention kernels.
-fn mma_ceiling_tflops(blocks_per_sm: u32, warps: u32) -> Result<f64, Box<dyn std::error::Error>> {
-    let module = Module::from_ptx(PTX, &[])?;
-    let function = module.get_function("mma_ceiling")?;
-    let sms = CurrentContext::get_device()?.get_attribute(DeviceAttribute::MultiprocessorCount)? as u32;
-    let (blocks, threads, mut iterations) = (sms * blocks_per_sm, 32 * warps, 512u32);
+/// TFLOP/s of the `mma_ceiling` kernel (`ceiling`) with `blocks_per_sm`
+/// blocks of `warps` warps for each of the `sms` SMs, each warp `CHAINS`
+/// independent MMA chains; median of 10 runs after 2 warm-ups. The ceiling
+/// proper is 8 blocks of 8 warps (16 warps per scheduler); fewer warps say
+/// what the tensor pipe gives the 1-2 warps per scheduler of the attention
+/// kernels.
+fn mma_ceiling_tflops(
+    ceiling: &Function,
+    sms: u32,
+    blocks_per_sm: u32,
+    warps: u32,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let (blocks, threads, iterations) = (sms * blocks_per_sm, 32 * warps, 512u32);
     let out = DeviceBuffer::from_slice(&vec![0f32; (blocks * threads) as usize])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-    let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
-    let mut out_ptr = out.as_device_ptr();
-    let mut times = Vec::new();
-    for run in 0..12 {
-        let mut threads_arg = threads;
+    let out_ptr = out.as_device_ptr();
+    let launch = || -> Result<(), Box<dyn std::error::Error>> {
+        let (mut iterations, mut out_ptr, mut threads_arg) = (iterations, out_ptr, threads);
         let args = [
             &mut iterations as *mut u32 as *mut std::ffi::c_void,
             &mut out_ptr as *mut _ as *mut std::ffi::c_void,
             &mut threads_arg as *mut u32 as *mut std::ffi::c_void,
         ];
-        start.record(&stream)?;
-        unsafe { stream.launch(&function, GridSize::x(blocks), BlockSize::x(threads), 0, &args)? };
-        stop.record(&stream)?;
-        stop.synchronize()?;
-        if run >= 2 {
-            times.push(stop.elapsed_time_f32(&start)? as f64);
-        }
+        unsafe { stream.launch(ceiling, GridSize::x(blocks), BlockSize::x(threads), 0, &args)? };
+        Ok(())
+    };
+    for _ in 0..2 {
+        launch()?;
     }
-    times.sort_by(|a, b| a.total_cmp(b));
+    let ms = median_ms(&stream, 10, || Ok(()), launch)?;
     let flops =
         (blocks * threads / 32) as f64 * iterations as f64 * flash_attn_kernels::ceiling::CHAINS as f64 * 4096.0;
-    Ok(flops / (times[times.len() / 2] * 1e-3) / 1e12)
+    Ok(flops / (ms * 1e-3) / 1e12)
 }
 
 /// A raw driver call's status as a result.
@@ -186,8 +185,7 @@ fn median_ms(
         stop.synchronize()?;
         times.push(stop.elapsed_time_f32(&start)? as f64);
     }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[reps / 2])
+    Ok(median(times))
 }
 
 /// Median milliseconds per call of `reps` calls of `run` queued back to
@@ -210,12 +208,17 @@ fn queued_median_ms(
         event.record(stream)?;
     }
     events[reps].synchronize()?;
-    let mut times = events
+    let times = events
         .windows(2)
         .map(|pair| pair[1].elapsed_time_f32(&pair[0]).map(f64::from))
         .collect::<Result<Vec<_>, _>>()?;
+    Ok(median(times))
+}
+
+/// The middle of `times` once sorted (the upper one of an even count).
+fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[reps / 2])
+    times[times.len() / 2]
 }
 
 /// Bytes a device-to-device copy reads and writes per second: a 1 GiB
@@ -393,9 +396,13 @@ fn prefill_rows(
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let ceiling = mma_ceiling_tflops(8, 8)?;
+    let module = Module::from_ptx(PTX, &[])?;
+    let ceiling_kernel = module.get_function("mma_ceiling")?;
+    let sms = CurrentContext::get_device()?.get_attribute(DeviceAttribute::MultiprocessorCount)? as u32;
+    let ceiling_at = |blocks_per_sm, warps| mma_ceiling_tflops(&ceiling_kernel, sms, blocks_per_sm, warps);
+    let ceiling = ceiling_at(8, 8)?;
     println!("mma.sync m16n8k16 f16 ceiling (registers only, this GPU): {ceiling:.1} TFLOP/s");
-    let (one, two) = (mma_ceiling_tflops(1, 4)?, mma_ceiling_tflops(2, 4)?);
+    let (one, two) = (ceiling_at(1, 4)?, ceiling_at(2, 4)?);
     println!("  with 1 / 2 warps per scheduler (4 / 8 per SM): {one:.1} / {two:.1} TFLOP/s");
     println!("{:<6} {:>4} {:>7} {:>6} {:>10} {:>10}", "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling");
     for dtype in ["f16", "bf16"] {
