@@ -50,6 +50,10 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
     /// warp sees a score more than [`RESCALE_THRESHOLD_LOG2`] above its
     /// reference, scaled: until then each `p` is at most 2^threshold, and
     /// the block skips the rescale's multiplies and its branch is uniform.
+    /// A row rises that far exactly when one of its quad's lanes does, so
+    /// the warp decides from each lane's own maxima; only a block whose
+    /// references move reduces them over the quad (two shuffles per row),
+    /// off the common path from Q K^T to P V (TUNING.md step 34).
     #[inline(always)]
     pub fn update<const N_TILES: usize, const DIM_TILES: usize>(
         &mut self,
@@ -57,17 +61,15 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
         o: &mut Accumulators<M_TILES, DIM_TILES>,
         scale_log2: f32,
     ) {
-        let mut block_max = self.row_max;
+        let mut lane_max = self.row_max;
         let mut moves = false;
         for m in 0..M_TILES {
             for half in 0..2 {
-                let mut max = block_max[m][half];
+                let mut max = lane_max[m][half];
                 for tile in s[m].iter() {
                     max = max.max(tile[2 * half]).max(tile[2 * half + 1]);
                 }
-                max = max.max(arch::shfl_xor_f32(max, 1));
-                max = max.max(arch::shfl_xor_f32(max, 2));
-                block_max[m][half] = max;
+                lane_max[m][half] = max;
                 // -inf references always move to a finite max (the
                 // difference is +inf); rows still all -inf give NaN, false.
                 moves |= (max - self.row_max[m][half]) * scale_log2 > RESCALE_THRESHOLD_LOG2;
@@ -76,7 +78,10 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
         if arch::any_sync(moves) {
             for m in 0..M_TILES {
                 for half in 0..2 {
-                    self.move_row_max(m, half, block_max[m][half], o, scale_log2);
+                    let mut max = lane_max[m][half];
+                    max = max.max(arch::shfl_xor_f32(max, 1));
+                    max = max.max(arch::shfl_xor_f32(max, 2));
+                    self.move_row_max(m, half, max, o, scale_log2);
                 }
             }
         }
