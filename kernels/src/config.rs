@@ -46,6 +46,11 @@ pub struct TileConfig {
     /// which keep d=128's two-stage loop from spilling (TUNING.md step 27).
     /// Elsewhere ptxas schedules worse with it: 2-14% slower at d=64-256.
     pub rederive_copy_offsets: bool,
+    /// Run each key block's softmax in two halves of keys, so that the
+    /// second half's Q K^T overlaps the first half's exponentials and the
+    /// first half's P V the second half's (TUNING.md step 35). Needs V
+    /// landed at the top of the step (`wait_kv_at_top` or three stages).
+    pub softmax_in_halves: bool,
 }
 
 impl TileConfig {
@@ -83,6 +88,7 @@ impl TileConfig {
             wait_kv_at_top: false,
             split_masked_steps: false,
             rederive_copy_offsets: false,
+            softmax_in_halves: false,
         }
     }
 }
@@ -97,23 +103,30 @@ impl TileConfig {
 pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 /// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
 /// (TUNING.md, step 3), two K/V stages with one barrier per step (step 22:
-/// 3-5% faster than two barriers).
-pub const HEAD_DIM_64: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(64, 4, 2, 64, true) };
+/// 3-5% faster than two barriers), the softmax in two halves of keys (step
+/// 35: 2% faster).
+pub const HEAD_DIM_64: TileConfig =
+    TileConfig { wait_kv_at_top: true, softmax_in_halves: true, ..TileConfig::new(64, 4, 2, 64, true) };
 /// Head dim 96: FlashAttention-2's shape, 32 rows per warp, 64-key blocks,
 /// Q re-read from shared memory (TUNING.md step 14: 2-8% faster than 32-key
 /// blocks with Q in registers), two K/V stages with one barrier per step
 /// (step 31: 11% faster than one stage since the ldmatrix swizzle is
 /// re-derived per k-step, step 27; one stage had been 7% faster before,
-/// step 19).
+/// step 19). The softmax in halves is 3-4% slower here (step 35).
 pub const HEAD_DIM_96: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(96, 4, 2, 64, false) };
 /// Head dim 128: FlashAttention-2's shape, 128 query rows, 32 per warp, Q
 /// re-read from shared memory so the 32 rows fit in 255 registers (TUNING.md
 /// step 2), 64-key blocks (step 19) in two K/V stages with one barrier per
 /// step, which fit 255 registers since the ldmatrix swizzle is re-derived
 /// per k-step and the copy offsets per load (step 27: together 5-7% faster
-/// than one stage with held offsets at s=512-4096).
-pub const HEAD_DIM_128: TileConfig =
-    TileConfig { wait_kv_at_top: true, rederive_copy_offsets: true, ..TileConfig::new(128, 4, 2, 64, false) };
+/// than one stage with held offsets at s=512-4096), the softmax in two
+/// halves of keys (step 35: 0-1.5% faster).
+pub const HEAD_DIM_128: TileConfig = TileConfig {
+    wait_kv_at_top: true,
+    rederive_copy_offsets: true,
+    softmax_in_halves: true,
+    ..TileConfig::new(128, 4, 2, 64, false)
+};
 /// Head dim 160: 4 warps of 16 rows, 64-key blocks in one K/V stage
 /// (TUNING.md step 20: 15-25% faster than 8 warps).
 pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 4, 1, 64, false) };
@@ -155,7 +168,9 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 /// (TUNING.md steps 19-20). Two stages wait for K and V together at d=96
 /// (step 31: 4-5% faster), separately at d=128 (together spills 4 B, step
 /// 27). At d=128 the masked and unmasked key blocks run in separate loops
-/// (step 23: 2-5% faster; 1-2% slower at d=64).
+/// (step 23: 2-5% faster; 1-2% slower at d=64). The softmax runs whole
+/// blocks (in halves, unmeasured: d=64's one stage and d=128's separate
+/// waits do not have V at the top of the step).
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
@@ -167,6 +182,7 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
             wait_kv_at_top: head_dim == 96,
             split_masked_steps: head_dim == 128,
             rederive_copy_offsets: false,
+            softmax_in_halves: false,
             ..dense
         }),
         None => None,
@@ -219,6 +235,7 @@ pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
         wait_kv_at_top: false,
         split_masked_steps: false,
         rederive_copy_offsets: false,
+        softmax_in_halves: false,
     })
 }
 

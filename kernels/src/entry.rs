@@ -97,6 +97,9 @@ macro_rules! forward_kernels {
             { C.wait_kv_at_top },
             { C.split_masked_steps },
             { C.rederive_copy_offsets },
+            { C.softmax_in_halves },
+            { C.block_n as usize / 16 },
+            { C.block_n as usize / 32 },
         >($params)
     }};
 }

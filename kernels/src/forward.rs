@@ -31,8 +31,10 @@ use crate::warp_merge;
 /// ALiBi, split-KV); the others are the dense kernels, causal or not.
 /// The derived shape parameters must agree (`HEAD_DIM_16 = HEAD_DIM / 16`,
 /// `DIM_TILES = HEAD_DIM / 8`, `N_TILES = BLOCK_N / 8`,
-/// `N_STEPS = BLOCK_N / 16`); they are asserted at compile time. `STAGES`
-/// is 1 to 4; `WAIT_KV_AT_TOP` chooses the two-stage loop's waits.
+/// `N_STEPS = BLOCK_N / 16`, `HALF_TILES = N_TILES / 2`,
+/// `HALF_STEPS = N_STEPS / 2`); they are asserted at compile time. `STAGES`
+/// is 1 to 4; `WAIT_KV_AT_TOP` chooses the two-stage loop's waits;
+/// `SOFTMAX_IN_HALVES` runs each block's softmax in two halves of keys.
 ///
 /// # Safety
 /// `params` must describe tensors the host validated for this instance, and
@@ -58,12 +60,17 @@ pub unsafe fn flash_forward<
     const WAIT_KV_AT_TOP: bool,
     const SPLIT_MASKED_STEPS: bool,
     const REDERIVE_COPY_OFFSETS: bool,
+    const SOFTMAX_IN_HALVES: bool,
+    const HALF_TILES: usize,
+    const HALF_STEPS: usize,
 >(
     params: &ForwardParams,
 ) {
     const {
         assert!(HEAD_DIM_16 * 16 == HEAD_DIM && DIM_TILES * 8 == HEAD_DIM);
         assert!(N_TILES * 8 == BLOCK_N && N_STEPS * 16 == BLOCK_N);
+        assert!(HALF_TILES * 2 == N_TILES && HALF_STEPS * 2 == N_STEPS);
+        assert!(!SOFTMAX_IN_HALVES || STAGES > 2 || WAIT_KV_AT_TOP, "halves need V landed at the top of the step");
         assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
         assert!(STAGES >= 1 && STAGES <= 4);
         assert!(!WAIT_KV_AT_TOP || STAGES == 2, "only the two-stage loop has a choice of waits");
@@ -274,37 +281,86 @@ pub unsafe fn flash_forward<
                 prefetch(next_stage, step + stages - 1, true);
             }
 
-            let mut s = mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                &q_operand,
-                k_tile(stage),
-                lane,
-            );
             let first_key = n * block_n;
-            if GENERAL && modifiers.active() {
-                modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-            }
-            if $masked || (!SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
-            {
-                mask.apply::<CAUSAL, M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-            }
-            softmax.update(&mut s, &mut o, scale_log2);
-            let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
+            if SOFTMAX_IN_HALVES {
+                // The block in two halves of keys: the second half's Q K^T
+                // runs beside the first half's exponentials, the first
+                // half's P V beside the second half's (TUNING.md step 35).
+                let half_keys = block_n / 2;
+                let needs_mask = $masked
+                    || (!SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n));
+                // Scores into logits: modifiers, then the mask.
+                let logits = |s: &mut mma::Accumulators<M_TILES, HALF_TILES>, first_key: u32| {
+                    if GENERAL && modifiers.active() {
+                        modifiers.apply::<M_TILES, HALF_TILES>(s, first_key as i32, lane);
+                    }
+                    if needs_mask {
+                        mask.apply::<CAUSAL, M_TILES, HALF_TILES>(s, first_key as i32, lane);
+                    }
+                };
+                let mut s_first = mma::scores::<E, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                    &q_operand,
+                    k_tile(stage),
+                    lane,
+                );
+                logits(&mut s_first, first_key);
+                softmax.rebase(&s_first, &mut [[[0.0; 4]; 0]; M_TILES], &mut o, scale_log2);
+                let mut s_second = mma::scores::<E, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                    &q_operand,
+                    SmemTile::at(k_tile(stage).after_rows(half_keys)),
+                    lane,
+                );
+                softmax.exponentiate(&mut s_first, scale_log2);
+                logits(&mut s_second, first_key + half_keys);
+                softmax.rebase(&s_second, &mut s_first, &mut o, scale_log2);
+                softmax.exponentiate(&mut s_second, scale_log2);
+                let p_first = mma::probabilities_as_a::<E, M_TILES, HALF_TILES, HALF_STEPS>(&s_first);
+                let p_second = mma::probabilities_as_a::<E, M_TILES, HALF_TILES, HALF_STEPS>(&s_second);
+                mma::accumulate_pv::<E, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
+                    &mut o,
+                    &p_first,
+                    v_tile(stage),
+                    lane,
+                );
+                mma::accumulate_pv::<E, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
+                    &mut o,
+                    &p_second,
+                    SmemTile::at(v_tile(stage).after_rows(half_keys)),
+                    lane,
+                );
+            } else {
+                let mut s = mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                    &q_operand,
+                    k_tile(stage),
+                    lane,
+                );
+                if GENERAL && modifiers.active() {
+                    modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+                }
+                if $masked
+                    || (!SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
+                {
+                    mask.apply::<CAUSAL, M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+                }
+                softmax.update(&mut s, &mut o, scale_log2);
+                let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
 
-            if STAGES == 1 {
-                arch::cp_async_wait::<0>(); // V[n] has landed
-                kv_barrier(); // and every warp is done with K[n].
-                if !last {
-                    load_key_block(k_tile(0), n - 1, true, true);
+                if STAGES == 1 {
+                    arch::cp_async_wait::<0>(); // V[n] has landed
+                    kv_barrier(); // and every warp is done with K[n].
+                    if !last {
+                        load_key_block(k_tile(0), n - 1, true, true);
+                    }
+                } else if STAGES == 2 && !WAIT_KV_AT_TOP {
+                    if !last {
+                        arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
+                    } else {
+                        arch::cp_async_wait::<0>();
+                    }
+                    kv_barrier();
                 }
-            } else if STAGES == 2 && !WAIT_KV_AT_TOP {
-                if !last {
-                    arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
-                } else {
-                    arch::cp_async_wait::<0>();
-                }
-                kv_barrier();
+                mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
             }
-            mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
         }};
     }
     for step in 0..masked_steps {

@@ -45,19 +45,35 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
     }
 
     /// Turns the scores `s` of one key block into probabilities in place,
-    /// relative to each row's reference max `row_max`. The references move
-    /// (rescaling the rows' sums and outputs `o`) only when some row of the
-    /// warp sees a score more than [`RESCALE_THRESHOLD_LOG2`] above its
-    /// reference, scaled: until then each `p` is at most 2^threshold, and
-    /// the block skips the rescale's multiplies and its branch is uniform.
-    /// A row rises that far exactly when one of its quad's lanes does, so
-    /// the warp decides from each lane's own maxima; only a block whose
-    /// references move reduces them over the quad (two shuffles per row),
-    /// off the common path from Q K^T to P V (TUNING.md step 34).
+    /// relative to each row's reference max `row_max`: [`Self::rebase`],
+    /// then [`Self::exponentiate`].
     #[inline(always)]
     pub fn update<const N_TILES: usize, const DIM_TILES: usize>(
         &mut self,
         s: &mut Accumulators<M_TILES, N_TILES>,
+        o: &mut Accumulators<M_TILES, DIM_TILES>,
+        scale_log2: f32,
+    ) {
+        self.rebase(s, &mut [[[0.0; 4]; 0]; M_TILES], o, scale_log2);
+        self.exponentiate(s, scale_log2);
+    }
+
+    /// Moves the references to the scores `s` where they must. The
+    /// references move (rescaling the rows' sums, their outputs `o` and the
+    /// probabilities `done` of the same rows, not yet in `o`) only when
+    /// some row of the warp sees a score more than
+    /// [`RESCALE_THRESHOLD_LOG2`] above its reference, scaled: until then
+    /// each `p` is at most 2^threshold, and the block skips the rescale's
+    /// multiplies and its branch is uniform. A row rises that far exactly
+    /// when one of its quad's lanes does, so the warp decides from each
+    /// lane's own maxima; only a block whose references move reduces them
+    /// over the quad (two shuffles per row), off the common path from Q K^T
+    /// to P V (TUNING.md step 34).
+    #[inline(always)]
+    pub fn rebase<const N_TILES: usize, const DONE_TILES: usize, const DIM_TILES: usize>(
+        &mut self,
+        s: &Accumulators<M_TILES, N_TILES>,
+        done: &mut Accumulators<M_TILES, DONE_TILES>,
         o: &mut Accumulators<M_TILES, DIM_TILES>,
         scale_log2: f32,
     ) {
@@ -81,10 +97,20 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
                     let mut max = lane_max[m][half];
                     max = max.max(arch::shfl_xor_f32(max, 1));
                     max = max.max(arch::shfl_xor_f32(max, 2));
-                    self.move_row_max(m, half, max, o, scale_log2);
+                    let rescale = self.move_row_max(m, half, max, o, scale_log2);
+                    for tile in done[m].iter_mut() {
+                        tile[2 * half] *= rescale;
+                        tile[2 * half + 1] *= rescale;
+                    }
                 }
             }
         }
+    }
+
+    /// Turns the scores `s` into probabilities in place, relative to each
+    /// row's reference, adding them to the rows' sums.
+    #[inline(always)]
+    pub fn exponentiate<const N_TILES: usize>(&mut self, s: &mut Accumulators<M_TILES, N_TILES>, scale_log2: f32) {
         for m in 0..M_TILES {
             for half in 0..2 {
                 let shift = shift(self.row_max[m][half], scale_log2);
@@ -102,7 +128,8 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
     }
 
     /// Moves the reference max of row `half` of m-tile `m` up to `max`,
-    /// rescaling the row's sum and its outputs in `o` to it.
+    /// rescaling the row's sum and its outputs in `o` to it; returns the
+    /// factor.
     #[inline(always)]
     pub fn move_row_max<const DIM_TILES: usize>(
         &mut self,
@@ -111,7 +138,7 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
         max: f32,
         o: &mut Accumulators<M_TILES, DIM_TILES>,
         scale_log2: f32,
-    ) {
+    ) -> f32 {
         let shift = shift(max, scale_log2);
         let rescale = arch::exp2(self.row_max[m][half] * scale_log2 - shift);
         self.row_max[m][half] = max;
@@ -120,6 +147,7 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
             tile[2 * half] *= rescale;
             tile[2 * half + 1] *= rescale;
         }
+        rescale
     }
 
     /// For row `half` of m-tile `m`: the factor that normalises its output

@@ -73,12 +73,9 @@ fn every_kernel_on_ragged_unequal_grouped_and_strided_problems() {
     }
 }
 
-/// Keys whose scores grow toward the first key: the key loop runs from the
-/// last block to the first, so every row's max rises past the online
-/// softmax's rescale threshold (2^8) again and again, by different amounts
-/// per row, and the references move in late blocks as well as the first.
-#[test]
-fn every_f16_kernel_with_row_maxes_rising_block_after_block() {
+/// Runs every f16 kernel on 300 keys scaled by `factor(key)` (scaled
+/// scores spanning tens of log2 units), against the reference.
+fn check_with_key_factors(factor: impl Fn(usize, usize) -> f64) {
     for k in KERNELS.iter().filter(|k| k.dtype == flash_attn_kernels::entry::DType::F16) {
         let d = k.config.head_dim as usize;
         let (seqlen_q, seqlen_k) = (40, 300);
@@ -88,8 +85,7 @@ fn every_f16_kernel_with_row_maxes_rising_block_after_block() {
         let mut keys = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.dtype, 8);
         let v = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.dtype, 9);
         for key in 0..seqlen_k {
-            // Up to 13x at key 0: scaled scores span ~50 in log2.
-            let factor = 1.0 + 12.0 * (seqlen_k - key) as f64 / seqlen_k as f64;
+            let factor = factor(key, seqlen_k);
             for c in 0..d {
                 let at = keys.index([0, key, 0, c]);
                 let x = k.dtype.to_f64(keys.data()[at]) * factor;
@@ -103,6 +99,25 @@ fn every_f16_kernel_with_row_maxes_rising_block_after_block() {
         let errors = reference.compare(&out, k.dtype).unwrap_or_else(|e| panic!("{}\n{e}", k.name));
         assert!(errors.within(k.dtype), "{}\n{}", k.name, errors.describe(k.dtype));
     }
+}
+
+/// Keys whose scores grow toward the first key: the key loop runs from the
+/// last block to the first, so every row's max rises past the online
+/// softmax's rescale threshold (2^8) again and again, by different amounts
+/// per row, and the references move in late blocks as well as the first.
+#[test]
+fn every_f16_kernel_with_row_maxes_rising_block_after_block() {
+    // Up to 13x at key 0: scaled scores span ~50 in log2.
+    check_with_key_factors(|key, seqlen_k| 1.0 + 12.0 * (seqlen_k - key) as f64 / seqlen_k as f64);
+}
+
+/// Keys whose scores grow along each 64-key block: a row's max rises past
+/// the threshold within a block, after the first half of its keys, so the
+/// kernels that take the softmax in halves of keys must rescale the first
+/// half's probabilities too.
+#[test]
+fn every_f16_kernel_with_row_maxes_rising_within_blocks() {
+    check_with_key_factors(|key, _| 1.0 + 12.0 * (key % 64) as f64 / 64.0);
 }
 
 fn cases() -> impl Strategy<Value = Case> {
