@@ -36,10 +36,11 @@ pub struct TileConfig {
     /// step, one barrier per step, instead of waiting for V only before
     /// P V, behind a second barrier (more stages always wait at the top).
     pub wait_kv_at_top: bool,
-    /// Dense causal kernels: run the key blocks that need the causal mask
-    /// (the diagonal ones, seqlen_k's end) and those that need none in two
-    /// copies of the key loop, so that the unmasked copy carries no mask
-    /// code or branch; else one loop asks per block.
+    /// Dense kernels: run the key blocks that need the mask (causal: the
+    /// diagonal ones and seqlen_k's end; else seqlen_k's end only, loop
+    /// order's first block) and those that need none in two copies of the
+    /// key step, so that the unmasked copy carries no mask code or branch;
+    /// else one loop asks per block.
     pub split_masked_steps: bool,
     /// Recompute each thread's K/V copy offsets from `%tid.x` at every load
     /// instead of holding them through the key loop: two registers fewer,
@@ -104,9 +105,14 @@ pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 /// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
 /// (TUNING.md, step 3), two K/V stages with one barrier per step (step 22:
 /// 3-5% faster than two barriers), the softmax in two halves of keys (step
-/// 35: 2% faster).
-pub const HEAD_DIM_64: TileConfig =
-    TileConfig { wait_kv_at_top: true, softmax_in_halves: true, ..TileConfig::new(64, 4, 2, 64, true) };
+/// 35: 2% faster), the masked first step in its own copy of the step (step
+/// 36: 1% faster; 1% slower at d=128).
+pub const HEAD_DIM_64: TileConfig = TileConfig {
+    wait_kv_at_top: true,
+    softmax_in_halves: true,
+    split_masked_steps: true,
+    ..TileConfig::new(64, 4, 2, 64, true)
+};
 /// Head dim 96: FlashAttention-2's shape, 32 rows per warp, 64-key blocks,
 /// Q re-read from shared memory (TUNING.md step 14: 2-8% faster than 32-key
 /// blocks with Q in registers), two K/V stages with one barrier per step

@@ -74,7 +74,7 @@ pub unsafe fn flash_forward<
         assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
         assert!(STAGES >= 1 && STAGES <= 4);
         assert!(!WAIT_KV_AT_TOP || STAGES == 2, "only the two-stage loop has a choice of waits");
-        assert!(!SPLIT_MASKED_STEPS || CAUSAL, "only the dense causal kernels know their masked blocks up front");
+        assert!(!SPLIT_MASKED_STEPS || !GENERAL, "only the dense kernels know their masked blocks up front");
         assert!(!WARPS_SPLIT_KEYS || GENERAL, "only the general kernels split the keys among warps");
         // The merge's scratch overlays the warps' K/V stages.
         assert!(
@@ -363,8 +363,14 @@ pub unsafe fn flash_forward<
             }
         }};
     }
-    for step in 0..masked_steps {
-        key_step!(step, true);
+    if CAUSAL {
+        for step in 0..masked_steps {
+            key_step!(step, true);
+        }
+    } else if masked_steps > 0 {
+        // Without causal masking only seqlen_k's end, loop order's first
+        // block, may need the mask.
+        key_step!(0, true);
     }
     for step in masked_steps..n_end - n_begin {
         key_step!(step, false);
