@@ -6,7 +6,9 @@
 //! Before the grid it times the mma.sync ceiling (`flash_attn_kernels::ceiling`:
 //! register-only m16n8k16 MMAs on every SM, also at 1 and 2 warps per
 //! scheduler) and reports each shape's fraction of it. Prefill and varlen
-//! calls are timed queued back to back (see `queued_median_ms`).
+//! calls are timed queued back to back (see `queued_median_ms`), after half
+//! a second of the same call back to back (`warm_up`): the clocks the GPU
+//! holds under that call's sustained load, as bench_torch.py times torch's.
 //!
 //! With the standard grid, variable-length rows: d=64 and 128, f16, s=1024
 //! and 4096, every sequence packed at the same length through
@@ -29,7 +31,7 @@
 //! bytes moved as the call reads): the copy bandwidth at the row's size,
 //! which small rows cannot beat however fast the kernel.
 //!
-//! `bench [--out FILE] [--quick] [--head-dims D,D..] [--seqlens S,S..]
+//! `bench [--out FILE] [--quick] [--reps N] [--head-dims D,D..] [--seqlens S,S..] [--layout bshd|bhsd]
 //! [--decode-only | --no-decode | --varlen-only] [--decode-batches B,B..]
 //! [--decode-caches C,C..] [--decode-splits N]`: prints tables and writes
 //! one JSON object per row to FILE (for scripts/bench_torch.py, which adds
@@ -39,6 +41,10 @@
 //! variable-length or decode rows); `--varlen-only` runs the
 //! variable-length rows alone (for tuning the general kernels).
 //! `--decode-splits` overrides the split-KV heuristic (for tuning it).
+//! `--reps` sets the timed calls per row (default 30, 10 with `--quick`).
+//! `--layout` sets the memory order of the prefill rows' q, k, v and o:
+//! `bshd` (the default, `[batch, seqlen, heads, d]`) or `bhsd`; the row
+//! says which, and bench_torch.py gives torch's kernels the same memory.
 
 use std::io::Write;
 
@@ -59,6 +65,11 @@ struct Shape {
     head_dim: usize,
     causal: bool,
     dtype: &'static str,
+    /// Memory order of the dense rows' q, k, v and o: `[batch, seqlen,
+    /// heads, d]` (`false`, as a projection's output viewed per head
+    /// lies, and FlashAttention-2's own layout) or `[batch, heads, seqlen,
+    /// d]` (`true`).
+    heads_major: bool,
 }
 
 impl Shape {
@@ -73,10 +84,32 @@ impl Shape {
     }
 }
 
+/// `n` fresh standard-normal values as `T`, drawn on all CPU cores (each
+/// from its own generator, seeded from the thread's): one prefill row's q,
+/// k and v are 100 M values.
+fn random_normal<T: TestElement + Send>(n: usize) -> Vec<T> {
+    use rand::{Rng, SeedableRng};
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let mut values = vec![T::from_f32(0.0); n];
+    let seeds: Vec<u64> = (0..threads).map(|_| rand::thread_rng().gen()).collect();
+    std::thread::scope(|scope| {
+        for (part, seed) in values.chunks_mut(n.div_ceil(threads).max(1)).zip(seeds) {
+            scope.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let drawn = normal(&mut rng, part.len());
+                for (value, x) in part.iter_mut().zip(drawn) {
+                    *value = T::from_f32(x);
+                }
+            });
+        }
+    });
+    values
+}
+
 /// TFLOP/s of `shape` through the dense API, or with `varlen` through
 /// `forward_varlen_into` with every sequence of the batch packed at the
 /// same length (the general kernels on the same work).
-fn time_shape<T: TestElement>(
+fn time_shape<T: TestElement + Send>(
     attention: &FlashAttention,
     shape: &Shape,
     varlen: bool,
@@ -85,8 +118,7 @@ fn time_shape<T: TestElement>(
     let (batch, heads) = (shape.batch(), shape.heads());
     let dims = [batch, shape.seqlen, heads, shape.head_dim];
     let n: usize = dims.iter().product();
-    let mut rng = rand::thread_rng();
-    let mut random = || DeviceBuffer::from_slice(&normal(&mut rng, n).into_iter().map(T::from_f32).collect::<Vec<T>>());
+    let random = || DeviceBuffer::from_slice(&random_normal::<T>(n));
     let (q, k, v) = (random()?, random()?, random()?);
     let mut o = DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); n])?;
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
@@ -95,10 +127,17 @@ fn time_shape<T: TestElement>(
     // The varlen call takes the batch as one packed run of tokens,
     // `[1, tokens, heads, d]`: the same memory as `dims`.
     let layout = if varlen { [1, batch * shape.seqlen, heads, shape.head_dim] } else { dims };
+    let d = shape.head_dim;
+    let strides = if shape.heads_major && !varlen {
+        [heads * shape.seqlen * d, d, shape.seqlen * d, 1]
+    } else {
+        [layout[1] * heads * d, heads * d, d, 1]
+    };
     let cu_seqlens = if varlen { Some(SeqOffsets::from_lengths(&vec![shape.seqlen; batch])?) } else { None };
     let mut run = || -> Result<(), Box<dyn std::error::Error>> {
-        let (q, k, v) = (Tensor::new(&q, layout), Tensor::new(&k, layout), Tensor::new(&v, layout));
-        let o = TensorMut::new(&mut o, layout);
+        let view = |buffer| Tensor::strided(buffer, layout, strides);
+        let (q, k, v) = (view(&q), view(&k), view(&v));
+        let o = TensorMut::strided(&mut o, layout, strides);
         match &cu_seqlens {
             Some(cu_seqlens) => {
                 attention.forward_varlen_into(q, k, v, o, &mut lse, cu_seqlens, cu_seqlens, &params, &stream)?
@@ -107,10 +146,7 @@ fn time_shape<T: TestElement>(
         };
         Ok(())
     };
-    for _ in 0..3 {
-        run()?;
-    }
-    stream.synchronize()?;
+    warm_up(&stream, &mut run)?;
     let median_ms = queued_median_ms(&stream, reps, run)?;
     let flops = 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
         / if shape.causal { 2.0 } else { 1.0 };
@@ -186,6 +222,31 @@ fn median_ms(
         times.push(stop.elapsed_time_f32(&start)? as f64);
     }
     Ok(median(times))
+}
+
+/// Seconds each prefill and varlen row runs its call back to back before
+/// the timed calls (bench_torch.py does the same for torch's kernels).
+const WARM_UP_SECONDS: f64 = 0.5;
+
+/// Runs `run` back to back for [`WARM_UP_SECONDS`], so that the timed calls
+/// see the clocks the GPU holds under this call's sustained load, whatever
+/// ran before. A call of the grid draws enough power to bring the clocks
+/// down within some 100 ms (TUNING.md step 37): timed from a rested GPU,
+/// short rows would report boost clocks and long ones the sustained ones,
+/// and each side's figures would depend on what the GPU did just before.
+fn warm_up(
+    stream: &Stream,
+    run: &mut impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let start = std::time::Instant::now();
+    while start.elapsed().as_secs_f64() < WARM_UP_SECONDS {
+        // A few calls at a time, so that the queue never runs far ahead.
+        for _ in 0..4 {
+            run()?;
+        }
+        stream.synchronize()?;
+    }
+    Ok(())
 }
 
 /// Median milliseconds per call of `reps` calls of `run` queued back to
@@ -393,6 +454,7 @@ fn prefill_rows(
     attention: &FlashAttention,
     head_dims: &[usize],
     seqlens: &[usize],
+    heads_major: bool,
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -409,7 +471,7 @@ fn prefill_rows(
         for &head_dim in head_dims {
             for causal in [false, true] {
                 for &seqlen in seqlens {
-                    let shape = Shape { seqlen, head_dim, causal, dtype };
+                    let shape = Shape { seqlen, head_dim, causal, dtype, heads_major };
                     let tflops = match dtype {
                         "f16" => time_shape::<f16>(attention, &shape, false, reps)?,
                         _ => time_shape::<bf16>(attention, &shape, false, reps)?,
@@ -426,8 +488,9 @@ fn prefill_rows(
                     if let Some(f) = out.as_mut() {
                         writeln!(
                             f,
-                            "{{\"dtype\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}}}",
+                            "{{\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}}}",
                             shape.dtype,
+                            if heads_major { "bhsd" } else { "bshd" },
                             head_dim,
                             causal,
                             seqlen,
@@ -465,7 +528,7 @@ fn varlen_rows(
     for head_dim in VARLEN_HEAD_DIMS {
         for causal in [false, true] {
             for seqlen in VARLEN_SEQLENS {
-                let shape = Shape { seqlen, head_dim, causal, dtype: "f16" };
+                let shape = Shape { seqlen, head_dim, causal, dtype: "f16", heads_major: false };
                 let dense = time_shape::<f16>(attention, &shape, false, reps)?;
                 let varlen = time_shape::<f16>(attention, &shape, true, reps)?;
                 println!("{head_dim:>4} {causal:>7} {seqlen:>6} {varlen:>14.1} {dense:>14.1} {:>7.2}x", varlen / dense);
@@ -494,6 +557,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let flag = |name: &str| args.iter().any(|a| a == name);
     let (quick, decode_only, no_decode) = (flag("--quick"), flag("--decode-only"), flag("--no-decode"));
     let varlen_only = flag("--varlen-only");
+    let heads_major = match args.iter().position(|a| a == "--layout").map(|i| args.get(i + 1).map(String::as_str)) {
+        None | Some(Some("bshd")) => false,
+        Some(Some("bhsd")) => true,
+        Some(other) => return Err(format!("--layout takes bshd or bhsd, not {other:?}").into()),
+    };
     let list = |flag: &str| -> Option<Vec<usize>> {
         let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
         Some(value.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v}"))).collect())
@@ -513,7 +581,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _context =
         flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
-    let reps = if quick { 10 } else { 30 };
+    let reps = match list("--reps").as_deref() {
+        None => {
+            if quick {
+                10
+            } else {
+                30
+            }
+        }
+        Some(&[reps]) if reps > 0 => reps,
+        Some(_) => return Err("--reps takes one number > 0".into()),
+    };
     let mut out = match &out_path {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
@@ -524,7 +602,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let head_dims = head_dim_list.unwrap_or(vec![64, 128]);
         let seqlens =
             seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
-        prefill_rows(&attention, &head_dims, &seqlens, reps, &mut out)?;
+        prefill_rows(&attention, &head_dims, &seqlens, heads_major, reps, &mut out)?;
         if standard_grid {
             varlen_rows(&attention, reps, &mut out)?;
         }
