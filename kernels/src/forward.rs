@@ -163,11 +163,12 @@ pub unsafe fn flash_forward<
     // Loads key block `n` of k (`keys`) or v into `tile`, one copy group.
     // Only the last block the rows see (`n_end - 1`, loop order's first)
     // may reach past seqlen_k; every earlier one is `whole`. The general
-    // and dense non-causal kernels then skip the bound check: in the
-    // general ones its per-pass row compares are otherwise live through the
-    // key loop (with them, d=128 spills), and the non-causal ones run 0.5-1%
-    // faster without (TUNING.md step 38). The dense causal kernels keep it:
-    // without, d=128's spills (steps 27 and 38).
+    // kernels and the dense non-causal ones of two or more stages then skip
+    // the bound check: in the general ones its per-pass row compares are
+    // otherwise live through the key loop (with them, d=128 spills); the
+    // non-causal ones run 0-3% faster without at d=64-128 (TUNING.md step
+    // 38). The dense causal kernels keep it (without, d=128 spills), and so
+    // do the one-stage ones (1-4% slower without at d=160, 192 and 256).
     let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool, whole: bool| {
         let first_key = n * block_n;
         let (k_offset, v_offset) = seq.key_offsets::<GENERAL>(params, first_key);
@@ -180,7 +181,7 @@ pub unsafe fn flash_forward<
             block_n,
             src.offset(offset as isize),
             row_stride,
-            if whole && (GENERAL || !CAUSAL) { block_n } else { seq.seqlen_k - first_key },
+            if whole && (GENERAL || (!CAUSAL && STAGES > 1)) { block_n } else { seq.seqlen_k - first_key },
             kv_thread(),
             kv_threads,
         );
