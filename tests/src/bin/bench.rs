@@ -127,17 +127,22 @@ fn time_shape<T: TestElement + Send>(
     // The varlen call takes the batch as one packed run of tokens,
     // `[1, tokens, heads, d]`: the same memory as `dims`.
     let layout = if varlen { [1, batch * shape.seqlen, heads, shape.head_dim] } else { dims };
-    let d = shape.head_dim;
-    let strides = if shape.heads_major && !varlen {
+    // `[batch, heads, seqlen, d]` memory viewed as `layout` (dense rows only).
+    let heads_major_strides = (shape.heads_major && !varlen).then(|| {
+        let d = shape.head_dim;
         [heads * shape.seqlen * d, d, shape.seqlen * d, 1]
-    } else {
-        [layout[1] * heads * d, heads * d, d, 1]
-    };
+    });
     let cu_seqlens = if varlen { Some(SeqOffsets::from_lengths(&vec![shape.seqlen; batch])?) } else { None };
     let mut run = || -> Result<(), Box<dyn std::error::Error>> {
-        let view = |buffer| Tensor::strided(buffer, layout, strides);
+        let view = |buffer| match heads_major_strides {
+            Some(strides) => Tensor::strided(buffer, layout, strides),
+            None => Tensor::new(buffer, layout),
+        };
         let (q, k, v) = (view(&q), view(&k), view(&v));
-        let o = TensorMut::strided(&mut o, layout, strides);
+        let o = match heads_major_strides {
+            Some(strides) => TensorMut::strided(&mut o, layout, strides),
+            None => TensorMut::new(&mut o, layout),
+        };
         match &cu_seqlens {
             Some(cu_seqlens) => {
                 attention.forward_varlen_into(q, k, v, o, &mut lse, cu_seqlens, cu_seqlens, &params, &stream)?
