@@ -343,10 +343,10 @@ mod tests {
 
     #[test]
     fn dense_calls_without_features_run_the_dense_kernels() {
-        // 8 query blocks * 8 heads * 16 batches = 1024 CTAs: no split.
+        // 4 query blocks * 8 heads * 16 batches = 512 CTAs: no split.
         let plan = plan(args(1000, 1000, 8, 8, 128), 16, 128, None, 0, h100).unwrap();
         assert_eq!(plan.variant, KernelVariant::Full);
-        assert_eq!(plan.grid, (8, 8, 16)); // ceil(1000 / 128) query blocks
+        assert_eq!(plan.grid, (4, 8, 16)); // ceil(1000 / 256) query blocks
         assert_eq!(plan.args.num_splits, 1);
         assert_eq!(plan.scratch.bytes, 0);
         assert_eq!(plan.combine_blocks, 0);
@@ -358,6 +358,7 @@ mod tests {
         // The causal kernels' own shape: the launch's shared memory must be
         // theirs (at d=64, one K/V stage against the dense kernels' two).
         assert_eq!(causal_plan.config, config::causal_tile_config(128).unwrap());
+        assert_eq!(causal_plan.grid, (8, 8, 16)); // ceil(1000 / 128): 4 warps, not the dense 8
         let mut causal_64 = args(1000, 1000, 8, 8, 64);
         causal_64.window_right = 0;
         let causal_64_plan = super::plan(causal_64, 16, 64, None, 0, h100).unwrap();

@@ -96,7 +96,8 @@ impl TileConfig {
 
 // Shapes per head dim, each the fastest measured (TUNING.md) that fits 255
 // registers without spills and sm_80's 163 KiB of shared memory. 32 query
-// rows per warp up to d=128; from d=160 the O accumulators of 32 rows no
+// rows per warp up to d=128 (d=128's dense kernel in blocks of 8 warps, one
+// per SM, the others of 4, two per SM); from d=160 the O accumulators of 32 rows no
 // longer fit, so 16 rows per warp, in blocks of 4 warps (two blocks per SM)
 // except at d=224.
 
@@ -120,19 +121,18 @@ pub const HEAD_DIM_64: TileConfig = TileConfig {
 /// re-derived per k-step, step 27; one stage had been 7% faster before,
 /// step 19). The softmax in halves is 3-4% slower here (step 35).
 pub const HEAD_DIM_96: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(96, 4, 2, 64, false) };
-/// Head dim 128: FlashAttention-2's shape, 128 query rows, 32 per warp, Q
-/// re-read from shared memory so the 32 rows fit in 255 registers (TUNING.md
-/// step 2), 64-key blocks (step 19) in two K/V stages with one barrier per
-/// step, which fit 255 registers since the ldmatrix swizzle is re-derived
-/// per k-step and the copy offsets per load (step 27: together 5-7% faster
-/// than one stage with held offsets at s=512-4096), the softmax in two
-/// halves of keys (step 35: 0-1.5% faster).
-pub const HEAD_DIM_128: TileConfig = TileConfig {
-    wait_kv_at_top: true,
-    rederive_copy_offsets: true,
-    softmax_in_halves: true,
-    ..TileConfig::new(128, 4, 2, 64, false)
-};
+/// Head dim 128: 256 query rows in 8 warps of 32, one CTA per SM (TUNING.md
+/// step 39: 0.5-1.5% faster than two CTAs of 4 warps at s >= 4096, as fast
+/// below, under sustained clocks), Q re-read from shared memory so the 32
+/// rows fit in 255 registers (step 2), 64-key blocks (step 19) in two K/V
+/// stages with one barrier per step, which fit 255 registers since the
+/// ldmatrix swizzle is re-derived per k-step and the copy offsets per load
+/// (step 27). Each K/V tile feeds twice the rows of a 4-warp block, halving
+/// the copies per row. The softmax runs whole blocks: in halves of keys it
+/// was 0-1.5% faster with 4 warps (step 35) but is 3% slower with 8 (step
+/// 39).
+pub const HEAD_DIM_128: TileConfig =
+    TileConfig { wait_kv_at_top: true, rederive_copy_offsets: true, ..TileConfig::new(128, 8, 2, 64, false) };
 /// Head dim 160: 4 warps of 16 rows, 64-key blocks in one K/V stage
 /// (TUNING.md step 20: 15-25% faster than 8 warps).
 pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 4, 1, 64, false) };
@@ -176,7 +176,10 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 /// 27). At d=128 the masked and unmasked key blocks run in separate loops
 /// (step 23: 2-5% faster; 1-2% slower at d=64). The softmax runs whole
 /// blocks (in halves, unmeasured: d=64's one stage and d=128's separate
-/// waits do not have V at the top of the step).
+/// waits do not have V at the top of the step). At d=128 the blocks keep 4
+/// warps of 32 rows, not the dense kernel's 8: a causal block's rows see
+/// fewer key blocks the smaller it is, and the 128-row blocks were measured
+/// against everything above.
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
@@ -189,6 +192,8 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
             split_masked_steps: head_dim == 128,
             rederive_copy_offsets: false,
             softmax_in_halves: false,
+            warps: if head_dim == 128 { 4 } else { dense.warps },
+            block_m: if head_dim == 128 { 4 * 16 * dense.m_tiles } else { dense.block_m },
             ..dense
         }),
         None => None,
