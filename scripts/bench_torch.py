@@ -175,7 +175,7 @@ def main():
         ours = row["tflops"]
         lines.append(
             f"| {row['dtype']} | {row['head_dim']} | {row['causal']} | {row['seqlen']} | {ours:.1f} | {fa2:.1f} "
-            f"| {cudnn:.1f} | {ours / fa2:.2f}x | {ours / cudnn:.2f}x | {ours / row['ceiling_tflops']:.0%} |"
+            f"| {cudnn:.1f} | {ours / fa2:.3f}x | {ours / cudnn:.2f}x | {ours / row['ceiling_tflops']:.0%} |"
         )
         print(lines[-1], flush=True)
     if varlen:
