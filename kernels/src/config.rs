@@ -75,6 +75,12 @@ impl TileConfig {
         (self.block_m + self.stage_sets() * 2 * self.stages * self.block_n) * smem_row_bytes(self.head_dim)
     }
 
+    /// The same shape in blocks of `warps` warps, each with its own rows:
+    /// `block_m` follows.
+    const fn with_warps(self, warps: u32) -> Self {
+        Self { warps, block_m: warps * 16 * self.m_tiles, ..self }
+    }
+
     /// A shape with two stages each of K and V, each warp its own rows.
     const fn new(head_dim: u32, warps: u32, m_tiles: u32, block_n: u32, q_in_registers: bool) -> Self {
         Self {
@@ -97,9 +103,9 @@ impl TileConfig {
 // Shapes per head dim, each the fastest measured (TUNING.md) that fits 255
 // registers without spills and sm_80's 163 KiB of shared memory. 32 query
 // rows per warp up to d=128 (d=128's dense kernel in blocks of 8 warps, one
-// per SM, the others of 4, two per SM); from d=160 the O accumulators of 32 rows no
-// longer fit, so 16 rows per warp, in blocks of 4 warps (two blocks per SM)
-// except at d=224.
+// per SM, the others of 4, two per SM); from d=160 the O accumulators of 32
+// rows no longer fit, so 16 rows per warp, in blocks of 4 warps (two blocks
+// per SM) except at d=224.
 
 /// Head dim 32.
 pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
@@ -192,9 +198,7 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
             split_masked_steps: head_dim == 128,
             rederive_copy_offsets: false,
             softmax_in_halves: false,
-            warps: if head_dim == 128 { 4 } else { dense.warps },
-            block_m: if head_dim == 128 { 4 * 16 * dense.m_tiles } else { dense.block_m },
-            ..dense
+            ..if head_dim == 128 { dense.with_warps(4) } else { dense }
         }),
         None => None,
     }
