@@ -191,8 +191,6 @@ pub(crate) struct Plan {
     pub variant: KernelVariant,
     pub config: TileConfig,
     pub grid: (u32, u32, u32),
-    /// `batch` of the call (grid z).
-    pub batch: usize,
     pub head_dim: usize,
     pub scratch: ScratchLayout,
     /// Grid x of the split-KV merge (0: no merge).
@@ -200,19 +198,19 @@ pub(crate) struct Plan {
 }
 
 /// Chooses the kernel, the split and the grid of a call with the validated
-/// arguments `args` of `batch` batches: applies the GQA decode layout where
+/// arguments `args`: applies the GQA decode layout where
 /// it helps, takes `num_splits` or the heuristic (with `wave` the CTAs of a
 /// variant that the GPU runs at once), and lays out the scratch for the
 /// partials and `seqused_len` sequence lengths to upload as `seqused_k`.
 pub(crate) fn plan(
     mut args: ForwardParams,
-    batch: usize,
     head_dim: usize,
     num_splits: Option<usize>,
     seqused_len: usize,
     wave: impl Fn(KernelVariant) -> usize,
 ) -> Result<Plan> {
     swap_gqa_decode(&mut args);
+    let batch = args.batch as usize;
     let rows = args.seqlen_q as usize;
     let decode_rows = KernelVariant::Decode.tile_config(head_dim)?.block_m as usize;
     let split_variant = if rows <= decode_rows { KernelVariant::Decode } else { KernelVariant::General };
@@ -249,7 +247,6 @@ pub(crate) fn plan(
         variant,
         config,
         grid: (grid_x as u32, heads_q as u32, batch as u32),
-        batch,
         head_dim,
         scratch,
         combine_blocks: combine_blocks as u32,
@@ -270,13 +267,21 @@ mod tests {
     }
 
     /// Contiguous q/o `[batch, seqlen_q, heads_q, d]`, k/v `[batch, seqlen_k, heads_kv, d]`.
-    fn args(seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, d: usize) -> ForwardParams {
+    fn args(
+        batch: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        d: usize,
+    ) -> ForwardParams {
         let arg = |s: usize, h: usize| TensorArg {
             ptr: 4096 as *const u16,
             strides: [(s * h * d) as i64, (h * d) as i64, d as i64],
         };
         let o = TensorArg { ptr: 8192 as *mut u16, strides: arg(seqlen_q, heads_q).strides };
         let sizes = ForwardSizes {
+            batch: batch as u32,
             seqlen_q: seqlen_q as u32,
             seqlen_k: seqlen_k as u32,
             heads_q: heads_q as u32,
@@ -344,37 +349,40 @@ mod tests {
     #[test]
     fn dense_calls_without_features_run_the_dense_kernels() {
         // 4 query blocks * 8 heads * 16 batches = 512 CTAs: no split.
-        let plan = plan(args(1000, 1000, 8, 8, 128), 16, 128, None, 0, h100).unwrap();
+        let plan = plan(args(16, 1000, 1000, 8, 8, 128), 128, None, 0, h100).unwrap();
         assert_eq!(plan.variant, KernelVariant::Full);
         assert_eq!(plan.grid, (4, 8, 16)); // ceil(1000 / 256) query blocks
         assert_eq!(plan.args.num_splits, 1);
         assert_eq!(plan.scratch.bytes, 0);
         assert_eq!(plan.combine_blocks, 0);
         assert_eq!(plan.config, config::tile_config(128).unwrap());
-        let mut causal = args(1000, 1000, 8, 8, 128);
+        let mut causal = args(16, 1000, 1000, 8, 8, 128);
         causal.window_right = 0;
-        let causal_plan = super::plan(causal, 16, 128, None, 0, h100).unwrap();
+        let causal_plan = super::plan(causal, 128, None, 0, h100).unwrap();
         assert_eq!(causal_plan.variant, KernelVariant::Causal);
         // The causal kernels' own shape: the launch's shared memory must be
         // theirs (at d=64, one K/V stage against the dense kernels' two).
         assert_eq!(causal_plan.config, config::causal_tile_config(128).unwrap());
         assert_eq!(causal_plan.grid, (8, 8, 16)); // ceil(1000 / 128): 4 warps, not the dense 8
-        let mut causal_64 = args(1000, 1000, 8, 8, 64);
+        let mut causal_64 = args(16, 1000, 1000, 8, 8, 64);
         causal_64.window_right = 0;
-        let causal_64_plan = super::plan(causal_64, 16, 64, None, 0, h100).unwrap();
-        let dense_64_plan = super::plan(args(1000, 1000, 8, 8, 64), 16, 64, None, 0, h100).unwrap();
+        let causal_64_plan = super::plan(causal_64, 64, None, 0, h100).unwrap();
+        let dense_64_plan = super::plan(args(16, 1000, 1000, 8, 8, 64), 64, None, 0, h100).unwrap();
         assert_eq!(causal_64_plan.variant, KernelVariant::Causal);
         assert_eq!(causal_64_plan.config, config::causal_tile_config(64).unwrap());
         assert!(causal_64_plan.config.smem_bytes() < dense_64_plan.config.smem_bytes());
         // Forced not to split, a small grid stays dense too.
-        assert_eq!(super::plan(causal, 1, 128, Some(1), 0, h100).unwrap().variant, KernelVariant::Causal);
+        assert_eq!(
+            super::plan(ForwardParams { batch: 1, ..causal }, 128, Some(1), 0, h100).unwrap().variant,
+            KernelVariant::Causal
+        );
     }
 
     #[test]
     fn a_small_dense_grid_over_many_keys_is_split_on_the_general_kernel() {
         // 8 query blocks * 8 heads * 2 batches = 128 CTAs of 264 slots; 32
         // key blocks allow 8 splits; 2 fill 97% of a wave.
-        let plan = plan(args(1000, 1000, 8, 8, 128), 2, 128, None, 0, h100).unwrap();
+        let plan = plan(args(2, 1000, 1000, 8, 8, 128), 128, None, 0, h100).unwrap();
         assert_eq!(plan.variant, KernelVariant::General);
         assert_eq!(plan.args.num_splits, 2);
         assert_eq!(plan.grid, (16, 8, 2));
@@ -383,25 +391,25 @@ mod tests {
 
     #[test]
     fn features_select_the_general_or_decode_kernel_by_rows() {
-        let mut windowed = args(1000, 1000, 8, 8, 64);
+        let mut windowed = args(2, 1000, 1000, 8, 8, 64);
         windowed.window_left = 256;
-        let general = plan(windowed, 2, 64, Some(1), 0, h100).unwrap();
+        let general = plan(windowed, 64, Some(1), 0, h100).unwrap();
         assert_eq!(general.variant, KernelVariant::General);
         assert_eq!(general.config, config::general_tile_config(64).unwrap());
-        let mut short = args(16, 1000, 8, 8, 64);
+        let mut short = args(2, 16, 1000, 8, 8, 64);
         short.softcap_scale = 0.1;
-        let decode = plan(short, 2, 64, Some(1), 0, h100).unwrap();
+        let decode = plan(short, 64, Some(1), 0, h100).unwrap();
         assert_eq!(decode.variant, KernelVariant::Decode);
         assert_eq!(decode.config, config::decode_tile_config(64).unwrap());
         assert_eq!(decode.grid, (1, 8, 2));
         let mut seventeen = short;
         seventeen.seqlen_q = 17;
-        assert_eq!(super::plan(seventeen, 2, 64, Some(1), 0, h100).unwrap().variant, KernelVariant::General);
+        assert_eq!(super::plan(seventeen, 64, Some(1), 0, h100).unwrap().variant, KernelVariant::General);
     }
 
     #[test]
     fn splits_multiply_grid_x_and_lay_out_the_partials() {
-        let plan = plan(args(200, 5000, 4, 4, 128), 3, 128, Some(3), 0, h100).unwrap();
+        let plan = plan(args(3, 200, 5000, 4, 4, 128), 128, Some(3), 0, h100).unwrap();
         assert_eq!(plan.variant, KernelVariant::General);
         assert_eq!(plan.args.num_splits, 3);
         assert_eq!(plan.grid, (3 * 2, 4, 3));
@@ -415,7 +423,7 @@ mod tests {
     #[test]
     fn the_heuristic_splits_a_small_grid_over_many_keys() {
         // One query row, MHA (no GQA layout), 16k keys: 2 * 8 CTAs.
-        let plan = plan(args(1, 16384, 8, 8, 128), 2, 128, None, 0, h100).unwrap();
+        let plan = plan(args(2, 1, 16384, 8, 8, 128), 128, None, 0, h100).unwrap();
         assert_eq!(plan.variant, KernelVariant::Decode);
         let key_blocks = 16384 / config::decode_tile_config(128).unwrap().block_n as usize;
         assert_eq!(plan.args.num_splits as usize, num_splits_heuristic(16, key_blocks, 132 * 6));
@@ -425,9 +433,9 @@ mod tests {
     #[test]
     fn gqa_decode_views_query_heads_as_rows_of_their_kv_head() {
         // q [4, 1, 32, 128] over 4 KV heads: g = 8.
-        let mut causal = args(1, 4096, 32, 4, 128);
+        let mut causal = args(4, 1, 4096, 32, 4, 128);
         causal.window_right = 0;
-        let plan = plan(causal, 4, 128, Some(1), 0, h100).unwrap();
+        let plan = plan(causal, 128, Some(1), 0, h100).unwrap();
         let a = plan.args;
         assert_eq!((a.seqlen_q, a.heads_q, a.heads_per_kv), (8, 4, 1));
         assert_eq!((a.q_batch_stride, a.q_row_stride, a.q_head_stride), (32 * 128, 128, 8 * 128));
@@ -446,7 +454,7 @@ mod tests {
     #[test]
     fn gqa_decode_layout_maps_every_query_head_to_its_own_slot() {
         let (heads_q, heads_kv, d) = (12usize, 3usize, 64usize);
-        let mut a = args(1, 100, heads_q, heads_kv, d);
+        let mut a = args(1, 1, 100, heads_q, heads_kv, d);
         assert!(swap_gqa_decode(&mut a));
         let g = heads_q / heads_kv;
         let mut q_seen = vec![false; heads_q];
@@ -468,7 +476,7 @@ mod tests {
     #[test]
     fn gqa_decode_layout_only_where_it_is_exact() {
         let swapped = |f: &dyn Fn(&mut ForwardParams)| {
-            let mut a = args(1, 100, 8, 2, 64);
+            let mut a = args(1, 1, 100, 8, 2, 64);
             f(&mut a);
             swap_gqa_decode(&mut a)
         };
@@ -483,9 +491,9 @@ mod tests {
         assert!(swapped(&|a| a.q_head_stride = past - 8));
         assert!(!swapped(&|a| a.q_head_stride = past));
         assert!(!swapped(&|a| a.o_head_stride = past));
-        let mut two_rows = args(2, 100, 8, 2, 64);
+        let mut two_rows = args(1, 2, 100, 8, 2, 64);
         assert!(!swap_gqa_decode(&mut two_rows));
-        let mut mha = args(1, 100, 8, 8, 64);
+        let mut mha = args(1, 1, 100, 8, 8, 64);
         assert!(!swap_gqa_decode(&mut mha));
     }
 
@@ -493,37 +501,37 @@ mod tests {
     fn lengths_uploaded_at_launch_need_the_general_kernels() {
         // A KV cache append with no other feature: seqused_k is still null
         // when planning, but the dense kernels would ignore it.
-        let plan = plan(args(1, 1000, 8, 8, 64), 3, 64, Some(1), 3, h100).unwrap();
+        let plan = plan(args(3, 1, 1000, 8, 8, 64), 64, Some(1), 3, h100).unwrap();
         assert_eq!(plan.variant, KernelVariant::Decode);
-        let plan = super::plan(args(40, 1000, 8, 8, 64), 3, 64, Some(1), 3, h100).unwrap();
+        let plan = super::plan(args(3, 40, 1000, 8, 8, 64), 64, Some(1), 3, h100).unwrap();
         assert_eq!(plan.variant, KernelVariant::General);
     }
 
     #[test]
     fn scratch_holds_uploaded_lengths_before_the_partials() {
-        let plan = plan(args(1, 3000, 8, 8, 64), 5, 64, Some(2), 5, h100).unwrap();
+        let plan = plan(args(5, 1, 3000, 8, 8, 64), 64, Some(2), 5, h100).unwrap();
         assert_eq!(plan.scratch.seqused_k, 0);
         assert_eq!(plan.scratch.lse_partial, 256);
         let rows = 2 * 5 * 8usize;
         assert_eq!(plan.scratch.o_partial, 256 + (rows * 4).next_multiple_of(256));
         assert_eq!(plan.scratch.bytes, plan.scratch.o_partial + (rows * 64 * 4).next_multiple_of(256));
-        let unsplit = super::plan(args(1, 3000, 8, 8, 64), 5, 64, Some(1), 5, h100).unwrap();
+        let unsplit = super::plan(args(5, 1, 3000, 8, 8, 64), 64, Some(1), 5, h100).unwrap();
         assert_eq!(unsplit.scratch.bytes, 256);
     }
 
     #[test]
     fn partial_rows_past_32_bit_indices_are_refused() {
         // 128 splits * 2^10 batches * 2^15 rows * 1 head = 2^32 rows.
-        let long = args(1 << 15, 1 << 20, 1, 1, 64);
-        let err = plan(long, 1 << 10, 64, Some(MAX_SPLITS), 0, h100).unwrap_err();
+        let long = args(1 << 10, 1 << 15, 1 << 20, 1, 1, 64);
+        let err = plan(long, 64, Some(MAX_SPLITS), 0, h100).unwrap_err();
         assert!(matches!(err, Error::TooLarge { what: "split-KV partial rows", .. }), "{err}");
-        assert!(plan(long, (1 << 10) - 1, 64, Some(MAX_SPLITS), 0, h100).is_ok());
+        assert!(plan(ForwardParams { batch: (1 << 10) - 1, ..long }, 64, Some(MAX_SPLITS), 0, h100).is_ok());
     }
 
     #[test]
     fn grids_past_the_launch_limit_are_refused() {
-        let huge = args(i32::MAX as usize, 64, 1, 1, 64);
-        let err = plan(huge, 1, 64, Some(MAX_SPLITS), 0, h100).unwrap_err();
+        let huge = args(1, i32::MAX as usize, 64, 1, 1, 64);
+        let err = plan(huge, 64, Some(MAX_SPLITS), 0, h100).unwrap_err();
         assert!(matches!(err, Error::TooLarge { what: "query blocks * num_splits", .. }), "{err}");
     }
 }

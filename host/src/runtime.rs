@@ -522,7 +522,7 @@ impl FlashAttention {
         seqused_len: usize,
     ) -> Result<Plan> {
         let wave = |variant| self.wave::<T>(problem.head_dim, variant);
-        plan(args, problem.batch, problem.head_dim, num_splits, seqused_len, wave)
+        plan(args, problem.head_dim, num_splits, seqused_len, wave)
     }
 
     /// Launches a planned call on `stream`: the append (if any), the
@@ -559,7 +559,7 @@ impl FlashAttention {
         let (threads, smem_bytes) = (plan.config.threads(), plan.config.smem_bytes());
         unsafe { launch_kernel(kernel.function, plan.grid, threads, smem_bytes, arg_ptr, stream)? };
         if args.num_splits > 1 {
-            let mut combine = CombineParams::of(&args, plan.batch as u32, plan.head_dim as u32);
+            let mut combine = CombineParams::of(&args, plan.head_dim as u32);
             let arg_ptr = &mut combine as *mut _ as *mut c_void;
             let grid = (plan.combine_blocks, 1, 1);
             unsafe { launch_kernel(self.combine[T::NAME], grid, SMALL_KERNEL_THREADS, 0, arg_ptr, stream)? };

@@ -284,6 +284,7 @@ pub(crate) fn forward_args(
     scale: f32,
 ) -> ForwardParams {
     let sizes = ForwardSizes {
+        batch: p.batch as u32,
         seqlen_q: p.seqlen_q as u32,
         seqlen_k: p.seqlen_k as u32,
         heads_q: p.heads_q as u32,

@@ -161,6 +161,7 @@ pub fn forward_params(
         TensorArg { ptr: t.data().as_ptr(), strides: [0, 1, 2].map(|i| t.strides[i] as i64) }
     };
     let sizes = ForwardSizes {
+        batch: batch as u32,
         seqlen_q: seqlen_q as u32,
         seqlen_k: seqlen_k as u32,
         heads_q: heads_q as u32,
@@ -357,6 +358,7 @@ pub fn forward_general(
     let mut lse = vec![f32::NAN; lse_len];
     let arg = |t: &Tensor| TensorArg { ptr: t.data().as_ptr(), strides: [0, 1, 2].map(|i| t.strides[i] as i64) };
     let sizes = ForwardSizes {
+        batch: batch as u32,
         seqlen_q: seqlen_q as u32,
         seqlen_k: k.shape[1] as u32,
         heads_q: heads_q as u32,
@@ -418,7 +420,7 @@ pub fn forward_general(
     // launch returns; the kernel is written for concurrent threads.
     unsafe { emu::launch(&config, &regions, || (kernel.run)(&params)) }?;
     if num_splits > 1 {
-        let combine = CombineParams::of(&params, batch as u32, head_dim as u32);
+        let combine = CombineParams::of(&params, head_dim as u32);
         let mut regions = vec![
             GlobalRegion::read_only("o_partial", &o_partial),
             GlobalRegion::read_only("lse_partial", &lse_partial),

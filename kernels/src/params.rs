@@ -81,7 +81,8 @@ pub struct ForwardParams {
     /// `lse_partial` (`[num_splits, batch, heads_q, seqlen_q]`), not to o/lse,
     /// and `flash_combine_*` merges them.
     pub num_splits: u32,
-    pub _pad: u32,
+    /// Batches of the call (the grid's z).
+    pub batch: u32,
     pub o_partial: *mut f32,
     pub lse_partial: *mut f32,
 }
@@ -97,6 +98,7 @@ pub struct TensorArg<P> {
 /// The sizes of one forward call.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardSizes {
+    pub batch: u32,
     /// Query rows per batch (the longest, for variable lengths).
     pub seqlen_q: u32,
     /// Keys per batch (unused where `cu_seqlens_k` or `seqused_k` say).
@@ -156,7 +158,7 @@ impl ForwardParams {
             alibi_slopes: core::ptr::null(),
             alibi_batch_stride: 0,
             num_splits: 1,
-            _pad: 0,
+            batch: sizes.batch,
             o_partial: core::ptr::null_mut(),
             lse_partial: core::ptr::null_mut(),
         }
@@ -210,9 +212,8 @@ pub struct CombineParams {
 }
 
 impl CombineParams {
-    /// The combine of the split-KV forward call `forward`, for `batch` batches
-    /// of `head_dim`.
-    pub fn of(forward: &ForwardParams, batch: u32, head_dim: u32) -> Self {
+    /// The combine of the split-KV forward call `forward` of `head_dim`.
+    pub fn of(forward: &ForwardParams, head_dim: u32) -> Self {
         CombineParams {
             o_partial: forward.o_partial,
             lse_partial: forward.lse_partial,
@@ -225,7 +226,7 @@ impl CombineParams {
             lse_head_stride: forward.lse_head_stride,
             cu_seqlens_q: forward.cu_seqlens_q,
             num_splits: forward.num_splits,
-            batch,
+            batch: forward.batch,
             heads_q: forward.heads_q,
             seqlen_q: forward.seqlen_q,
             head_dim,
