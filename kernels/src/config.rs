@@ -105,7 +105,7 @@ impl TileConfig {
 // rows per warp up to d=128 (d=128's dense kernel in blocks of 8 warps, one
 // per SM, the others of 4, two per SM); from d=160 the O accumulators of 32
 // rows no longer fit, so 16 rows per warp, in blocks of 4 warps (two blocks
-// per SM) except at d=224.
+// per SM) except at d=224 and in d=192's dense kernel (8 warps, one per SM).
 
 /// Head dim 32.
 pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
@@ -142,9 +142,13 @@ pub const HEAD_DIM_128: TileConfig =
 /// Head dim 160: 4 warps of 16 rows, 64-key blocks in one K/V stage
 /// (TUNING.md step 20: 15-25% faster than 8 warps).
 pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 4, 1, 64, false) };
-/// Head dim 192: 4 warps of 16 rows, 64-key blocks in one K/V stage
-/// (TUNING.md steps 13 and 20: 3-10% faster than 8 warps).
-pub const HEAD_DIM_192: TileConfig = TileConfig { stages: 1, ..TileConfig::new(192, 4, 1, 64, false) };
+/// Head dim 192: 8 warps of 16 rows (128 query rows, one CTA per SM, 144
+/// KiB), 64-key blocks in two K/V stages waiting together: each K/V tile
+/// feeds twice the rows of 4 warps in one stage, which were 3-10% faster
+/// than 8 warps in one stage (TUNING.md steps 13 and 20) but are 1-5%
+/// slower than this (step 42). The causal kernel keeps 4 warps in one stage
+/// (14% faster there).
+pub const HEAD_DIM_192: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(192, 8, 1, 64, false) };
 /// Head dim 224: 8 warps of 16 rows, 64-key blocks in one K/V stage, which
 /// fit 255 registers since the tile loads' row offsets are 32-bit (TUNING.md
 /// step 14: 3-12% faster than 32-key blocks). 4 warps spill with 64-key
@@ -185,12 +189,13 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 /// waits do not have V at the top of the step). At d=128 the blocks keep 4
 /// warps of 32 rows, not the dense kernel's 8: a causal block's rows see
 /// fewer key blocks the smaller it is, and the 128-row blocks were measured
-/// against everything above.
+/// against everything above. At d=192 they keep 4 warps of 16 rows in one
+/// stage, 14% faster than the dense kernel's 8 warps in two (step 42).
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
             stages: match head_dim {
-                64 => 1,
+                64 | 192 => 1,
                 96 | 128 => 2,
                 _ => dense.stages,
             },
@@ -198,7 +203,7 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
             split_masked_steps: head_dim == 128,
             rederive_copy_offsets: false,
             softmax_in_halves: false,
-            ..if head_dim == 128 { dense.with_warps(4) } else { dense }
+            ..if head_dim == 128 || head_dim == 192 { dense.with_warps(4) } else { dense }
         }),
         None => None,
     }
