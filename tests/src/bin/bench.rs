@@ -33,7 +33,7 @@
 //!
 //! `bench [--out FILE] [--quick] [--reps N] [--head-dims D,D..] [--seqlens S,S..] [--layout bshd|bhsd]
 //! [--decode-only | --no-decode | --varlen-only] [--decode-batches B,B..]
-//! [--decode-caches C,C..] [--decode-splits N]`: prints tables and writes
+//! [--decode-caches C,C..] [--decode-splits N] [--non-causal]`: prints tables and writes
 //! one JSON object per row to FILE (for scripts/bench_torch.py, which adds
 //! torch's figures and writes the tables as markdown). Head dims other than
 //! 64 and 128 use 2048 / d heads rounded down (hidden close to 2048).
@@ -45,6 +45,8 @@
 //! `--layout` sets the memory order of the prefill rows' q, k, v and o:
 //! `bshd` (the default, `[batch, seqlen, heads, d]`) or `bhsd`; the row
 //! says which, and bench_torch.py gives torch's kernels the same memory.
+//! `--non-causal` leaves out the causal prefill rows (for comparing
+//! variants of the non-causal kernels in a short run).
 
 use std::io::Write;
 
@@ -460,6 +462,7 @@ fn prefill_rows(
     head_dims: &[usize],
     seqlens: &[usize],
     heads_major: bool,
+    masks: &[bool],
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -474,7 +477,7 @@ fn prefill_rows(
     println!("{:<6} {:>4} {:>7} {:>6} {:>10} {:>10}", "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling");
     for dtype in ["f16", "bf16"] {
         for &head_dim in head_dims {
-            for causal in [false, true] {
+            for &causal in masks {
                 for &seqlen in seqlens {
                     let shape = Shape { seqlen, head_dim, causal, dtype, heads_major };
                     let tflops = match dtype {
@@ -607,7 +610,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let head_dims = head_dim_list.unwrap_or(vec![64, 128]);
         let seqlens =
             seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
-        prefill_rows(&attention, &head_dims, &seqlens, heads_major, reps, &mut out)?;
+        let masks: &[bool] = if flag("--non-causal") { &[false] } else { &[false, true] };
+        prefill_rows(&attention, &head_dims, &seqlens, heads_major, masks, reps, &mut out)?;
         if standard_grid {
             varlen_rows(&attention, reps, &mut out)?;
         }
