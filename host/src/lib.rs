@@ -71,8 +71,8 @@ pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, Cach
 pub use launch::{num_splits_heuristic, KernelVariant, MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use params::ForwardParams;
 pub use runtime::{
-    combine_kernel_name, kernel_name, kernel_names, Element, FlashAttention, Output, Tensor, TensorMut, APPEND_KERNEL,
-    PTX,
+    combine_kernel_name, kernel_name, kernel_names, Element, FlashAttention, KernelResources, Output, Tensor,
+    TensorMut, APPEND_KERNEL, PTX,
 };
 pub use validate::{
     validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, SUPPORTED_HEAD_DIMS,

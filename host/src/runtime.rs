@@ -9,7 +9,7 @@ use cust::function::BlockSize;
 use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use cust::module::Module;
 use cust::stream::Stream;
-use cust::sys::CUfunction;
+use cust::sys::{CUfunction, CUfunction_attribute};
 
 use crate::error::{Error, Result};
 use crate::kvcache::{validate_kvcache, Append, KvCache};
@@ -185,6 +185,19 @@ struct AttentionKernel {
     blocks_per_sm: usize,
 }
 
+/// One attention kernel as the driver compiled it for the current GPU
+/// ([`FlashAttention::kernel_resources`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelResources {
+    /// The PTX entry point, as [`kernel_name`] gives it.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Local memory per thread in bytes: spills and stack. Every attention
+    /// kernel is written to need none.
+    pub local_bytes: u32,
+}
+
 /// The kernels, loaded into the CUDA context current at [`FlashAttention::new`].
 pub struct FlashAttention {
     /// Owns the functions below, which live as long as it.
@@ -251,7 +264,7 @@ impl FlashAttention {
             let status = unsafe {
                 cust::sys::cuFuncSetAttribute(
                     function.to_raw(),
-                    cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     config.smem_bytes() as i32,
                 )
             };
@@ -275,6 +288,47 @@ impl FlashAttention {
     /// The GPU's number of streaming multiprocessors.
     pub fn sm_count(&self) -> usize {
         self.sm_count
+    }
+
+    /// Every attention kernel as the driver compiled the PTX for this GPU,
+    /// sorted by name. The build checks the PTX with the ptxas it installs
+    /// (`cargo xtask build-ptx`); the driver's own compiler, which produces
+    /// the code that runs, may be another version and allocate registers
+    /// otherwise.
+    ///
+    /// ```no_run
+    /// # fn main() -> flash_attn::Result<()> {
+    /// let _context = flash_attn::cust::quick_init()?;
+    /// let attention = flash_attn::FlashAttention::new()?;
+    /// for kernel in attention.kernel_resources()? {
+    ///     println!("{}: {} registers, {} B of local memory", kernel.name, kernel.registers, kernel.local_bytes);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
+        let attribute = |function: CUfunction, attribute| {
+            let mut value = 0i32;
+            // SAFETY: `function` belongs to the module `self` owns.
+            let status = unsafe { cust::sys::cuFuncGetAttribute(&mut value, attribute, function) };
+            if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
+                return Err(Error::DriverCall { call: "cuFuncGetAttribute", code: status as u32 });
+            }
+            Ok(value as u32)
+        };
+        let mut kernels = self
+            .attention
+            .iter()
+            .map(|(&(head_dim, element, variant), kernel)| {
+                Ok(KernelResources {
+                    name: kernel_name(head_dim, element, variant),
+                    registers: attribute(kernel.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+                    local_bytes: attribute(kernel.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        kernels.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(kernels)
     }
 
     /// Attention of `q` over `k`, `v`, into freshly allocated outputs,

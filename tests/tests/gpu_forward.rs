@@ -124,6 +124,24 @@ fn repeated_runs_agree() {
     println!("repeated_runs_agree: ok");
 }
 
+/// Every attention kernel, as the driver on this machine compiled it, keeps
+/// to registers: no spills, no stack (the build checks the same with its
+/// own ptxas, whose version may differ from the driver's).
+#[test]
+fn kernels_as_the_driver_compiled_them_use_no_local_memory() {
+    let Some((_context, attention)) = gpu("kernels_as_the_driver_compiled_them_use_no_local_memory") else {
+        return;
+    };
+    let kernels = attention.kernel_resources().expect("kernel attributes");
+    assert_eq!(kernels.len(), flash_attn::kernel_names().len(), "one entry per attention kernel");
+    for k in &kernels {
+        println!("{:<32} {:>4} registers {:>4} B local", k.name, k.registers, k.local_bytes);
+        assert!(k.registers > 0 && k.registers <= 255, "{}: {} registers", k.name, k.registers);
+    }
+    let spilling: Vec<_> = kernels.iter().filter(|k| k.local_bytes > 0).collect();
+    assert!(spilling.is_empty(), "kernels using local memory: {spilling:?}");
+}
+
 /// The small ragged causal GQA case that the GPU check runs under
 /// compute-sanitizer memcheck (tails in both seqlens, unequal lengths).
 #[test]
