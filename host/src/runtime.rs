@@ -163,6 +163,15 @@ fn lse_rows([batch, seqlen, heads, _]: [usize; 4]) -> Option<usize> {
     batch.checked_mul(heads)?.checked_mul(seqlen)
 }
 
+/// `Ok` for a driver call `call` that returned `status` success, else the error.
+fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
+    if status == cust::sys::cudaError_enum::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::DriverCall { call, code: status as u32 })
+    }
+}
+
 /// Copies `values` to device address `addr` on `stream`. From pageable host
 /// memory the driver stages the data before returning, so `values` may be
 /// dropped right after.
@@ -170,10 +179,7 @@ fn upload_async(addr: u64, values: &[i32], stream: &Stream) -> Result<()> {
     let status = unsafe {
         cust::sys::cuMemcpyHtoDAsync_v2(addr, values.as_ptr().cast(), std::mem::size_of_val(values), stream.as_inner())
     };
-    if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-        return Err(Error::DriverCall { call: "cuMemcpyHtoDAsync", code: status as u32 });
-    }
-    Ok(())
+    driver_call("cuMemcpyHtoDAsync", status)
 }
 
 /// An attention kernel of the module, looked up once when it is loaded, so
@@ -237,10 +243,7 @@ unsafe fn launch_kernel(
         params.as_mut_ptr(),
         std::ptr::null_mut(),
     );
-    if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-        return Err(Error::DriverCall { call: "cuLaunchKernel", code: status as u32 });
-    }
-    Ok(())
+    driver_call("cuLaunchKernel", status)
 }
 
 impl FlashAttention {
@@ -268,9 +271,7 @@ impl FlashAttention {
                     config.smem_bytes() as i32,
                 )
             };
-            if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-                return Err(Error::DriverCall { call: "cuFuncSetAttribute", code: status as u32 });
-            }
+            driver_call("cuFuncSetAttribute", status)?;
             let blocks_per_sm = function
                 .max_active_blocks_per_multiprocessor(BlockSize::x(config.threads()), config.smem_bytes() as usize)?
                 as usize;
@@ -307,14 +308,11 @@ impl FlashAttention {
     /// # }
     /// ```
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
-        let attribute = |function: CUfunction, attribute| {
+        let attribute = |function: CUfunction, which| {
             let mut value = 0i32;
             // SAFETY: `function` belongs to the module `self` owns.
-            let status = unsafe { cust::sys::cuFuncGetAttribute(&mut value, attribute, function) };
-            if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-                return Err(Error::DriverCall { call: "cuFuncGetAttribute", code: status as u32 });
-            }
-            Ok(value as u32)
+            let status = unsafe { cust::sys::cuFuncGetAttribute(&mut value, which, function) };
+            driver_call("cuFuncGetAttribute", status).map(|()| value as u32)
         };
         let mut kernels = self
             .attention
