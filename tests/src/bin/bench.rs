@@ -33,7 +33,7 @@
 //!
 //! `bench [--out FILE] [--quick] [--reps N] [--head-dims D,D..] [--seqlens S,S..] [--layout bshd|bhsd]
 //! [--decode-only | --no-decode | --varlen-only] [--decode-batches B,B..]
-//! [--decode-caches C,C..] [--decode-splits N] [--non-causal]`: prints tables and writes
+//! [--decode-caches C,C..] [--decode-splits N] [--non-causal] [--tokens N] [--heads H]`: prints tables and writes
 //! one JSON object per row to FILE (for scripts/bench_torch.py, which adds
 //! torch's figures and writes the tables as markdown). Head dims other than
 //! 64 and 128 use 2048 / d heads rounded down (hidden close to 2048).
@@ -46,7 +46,10 @@
 //! `bshd` (the default, `[batch, seqlen, heads, d]`) or `bhsd`; the row
 //! says which, and bench_torch.py gives torch's kernels the same memory.
 //! `--non-causal` leaves out the causal prefill rows (for comparing
-//! variants of the non-causal kernels in a short run).
+//! variants of the non-causal kernels in a short run). `--tokens N` sets
+//! batch * seqlen (default 16384) and `--heads H` the heads of the prefill
+//! rows (for shapes off the standard grid, e.g. grids of CTAs that fill
+//! whole waves of the GPU's SMs); either selects prefill rows only.
 
 use std::io::Write;
 
@@ -62,6 +65,9 @@ use flash_attn::{
 };
 use flash_attn_tests::{normal, TestElement};
 
+/// batch * seqlen in the standard grid.
+const STANDARD_TOKENS: usize = 16384;
+
 struct Shape {
     seqlen: usize,
     head_dim: usize,
@@ -72,17 +78,22 @@ struct Shape {
     /// lies, and FlashAttention-2's own layout) or `[batch, heads, seqlen,
     /// d]` (`true`).
     heads_major: bool,
+    /// Tokens per call, batch * seqlen: 16384 in the standard grid.
+    tokens: usize,
+    /// Heads per call where `--heads` sets them, else hidden 2048 / d.
+    heads: Option<usize>,
 }
 
 impl Shape {
-    /// Sequences per call: batch * seqlen = 16384.
+    /// Sequences per call: tokens / seqlen (at least one).
     fn batch(&self) -> usize {
-        16384 / self.seqlen
+        (self.tokens / self.seqlen).max(1)
     }
 
-    /// Heads per call: hidden 2048 (rounded down where d does not divide it).
+    /// Heads per call: hidden 2048 (rounded down where d does not divide it)
+    /// unless `--heads` said.
     fn heads(&self) -> usize {
-        2048 / self.head_dim
+        self.heads.unwrap_or(2048 / self.head_dim)
     }
 }
 
@@ -457,15 +468,25 @@ fn decode_rows(
 }
 
 /// Times the prefill grid, printing a row per shape and writing its JSON.
+/// The prefill rows a run times: every head dim x mask x seqlen, in f16 and bf16.
+struct PrefillGrid<'a> {
+    head_dims: &'a [usize],
+    seqlens: &'a [usize],
+    masks: &'a [bool],
+    heads_major: bool,
+    /// batch * seqlen of every row (`--tokens`, default 16384).
+    tokens: usize,
+    /// `--heads`, where given (else hidden 2048 / d).
+    heads: Option<usize>,
+}
+
 fn prefill_rows(
     attention: &FlashAttention,
-    head_dims: &[usize],
-    seqlens: &[usize],
-    heads_major: bool,
-    masks: &[bool],
+    grid: &PrefillGrid,
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let PrefillGrid { head_dims, seqlens, masks, heads_major, tokens, heads } = *grid;
     let module = Module::from_ptx(PTX, &[])?;
     let ceiling_kernel = module.get_function("mma_ceiling")?;
     let sms = CurrentContext::get_device()?.get_attribute(DeviceAttribute::MultiprocessorCount)? as u32;
@@ -479,7 +500,7 @@ fn prefill_rows(
         for &head_dim in head_dims {
             for &causal in masks {
                 for &seqlen in seqlens {
-                    let shape = Shape { seqlen, head_dim, causal, dtype, heads_major };
+                    let shape = Shape { seqlen, head_dim, causal, dtype, heads_major, tokens, heads };
                     let tflops = match dtype {
                         "f16" => time_shape::<f16>(attention, &shape, false, reps)?,
                         _ => time_shape::<bf16>(attention, &shape, false, reps)?,
@@ -536,7 +557,15 @@ fn varlen_rows(
     for head_dim in VARLEN_HEAD_DIMS {
         for causal in [false, true] {
             for seqlen in VARLEN_SEQLENS {
-                let shape = Shape { seqlen, head_dim, causal, dtype: "f16", heads_major: false };
+                let shape = Shape {
+                    seqlen,
+                    head_dim,
+                    causal,
+                    dtype: "f16",
+                    heads_major: false,
+                    tokens: STANDARD_TOKENS,
+                    heads: None,
+                };
                 let dense = time_shape::<f16>(attention, &shape, false, reps)?;
                 let varlen = time_shape::<f16>(attention, &shape, true, reps)?;
                 println!("{head_dim:>4} {causal:>7} {seqlen:>6} {varlen:>14.1} {dense:>14.1} {:>7.2}x", varlen / dense);
@@ -577,15 +606,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let head_dim_list = list("--head-dims");
     let seqlen_list = list("--seqlens");
     // The variable-length rows come with the standard grid only.
-    let standard_grid = head_dim_list.is_none() && seqlen_list.is_none();
+    let off_grid = args.iter().any(|a| a == "--tokens" || a == "--heads");
+    let standard_grid = head_dim_list.is_none() && seqlen_list.is_none() && !off_grid;
     if decode_only && no_decode {
         return Err("--decode-only and --no-decode exclude each other".into());
     }
     if varlen_only && (decode_only || !standard_grid) {
-        return Err("--varlen-only excludes --decode-only, --head-dims and --seqlens".into());
+        return Err("--varlen-only excludes --decode-only, --head-dims, --seqlens, --tokens and --heads".into());
     }
     // Choosing prefill shapes asks for prefill rows only.
-    let decode = decode_only || !(varlen_only || no_decode || head_dim_list.is_some() || seqlen_list.is_some());
+    let decode = decode_only || !(varlen_only || no_decode || !standard_grid);
     let _context =
         flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
@@ -611,7 +641,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let seqlens =
             seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
         let masks: &[bool] = if flag("--non-causal") { &[false] } else { &[false, true] };
-        prefill_rows(&attention, &head_dims, &seqlens, heads_major, masks, reps, &mut out)?;
+        let tokens = match list("--tokens").as_deref() {
+            None => STANDARD_TOKENS,
+            Some(&[tokens]) if tokens > 0 => tokens,
+            Some(_) => return Err("--tokens takes one number > 0".into()),
+        };
+        let heads = match list("--heads").as_deref() {
+            None => None,
+            Some(&[heads]) if heads > 0 => Some(heads),
+            Some(_) => return Err("--heads takes one number > 0".into()),
+        };
+        let grid = PrefillGrid { head_dims: &head_dims, seqlens: &seqlens, masks, heads_major, tokens, heads };
+        prefill_rows(&attention, &grid, reps, &mut out)?;
         if standard_grid {
             varlen_rows(&attention, reps, &mut out)?;
         }
