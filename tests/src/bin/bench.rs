@@ -467,7 +467,6 @@ fn decode_rows(
     Ok(rows)
 }
 
-/// Times the prefill grid, printing a row per shape and writing its JSON.
 /// The prefill rows a run times: every head dim x mask x seqlen, in f16 and bf16.
 struct PrefillGrid<'a> {
     head_dims: &'a [usize],
@@ -480,6 +479,7 @@ struct PrefillGrid<'a> {
     heads: Option<usize>,
 }
 
+/// Times the prefill grid, printing a row per shape and writing its JSON.
 fn prefill_rows(
     attention: &FlashAttention,
     grid: &PrefillGrid,
@@ -603,10 +603,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
         Some(value.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v}"))).collect())
     };
+    // A flag that takes one number > 0, where given.
+    let positive = |flag: &str| match list(flag).as_deref() {
+        None => Ok(None),
+        Some(&[n]) if n > 0 => Ok(Some(n)),
+        Some(_) => Err(format!("{flag} takes one number > 0")),
+    };
     let head_dim_list = list("--head-dims");
     let seqlen_list = list("--seqlens");
+    let tokens = positive("--tokens")?;
+    let heads = positive("--heads")?;
+    let reps = positive("--reps")?.unwrap_or(if quick { 10 } else { 30 });
+    let off_grid = tokens.is_some() || heads.is_some();
     // The variable-length rows come with the standard grid only.
-    let off_grid = args.iter().any(|a| a == "--tokens" || a == "--heads");
     let standard_grid = head_dim_list.is_none() && seqlen_list.is_none() && !off_grid;
     if decode_only && no_decode {
         return Err("--decode-only and --no-decode exclude each other".into());
@@ -614,22 +623,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if varlen_only && (decode_only || !standard_grid) {
         return Err("--varlen-only excludes --decode-only, --head-dims, --seqlens, --tokens and --heads".into());
     }
+    if decode_only && off_grid {
+        return Err("--tokens and --heads shape prefill rows; --decode-only runs none".into());
+    }
     // Choosing prefill shapes asks for prefill rows only.
     let decode = decode_only || !(varlen_only || no_decode || !standard_grid);
     let _context =
         flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
-    let reps = match list("--reps").as_deref() {
-        None => {
-            if quick {
-                10
-            } else {
-                30
-            }
-        }
-        Some(&[reps]) if reps > 0 => reps,
-        Some(_) => return Err("--reps takes one number > 0".into()),
-    };
     let mut out = match &out_path {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
@@ -641,16 +642,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let seqlens =
             seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
         let masks: &[bool] = if flag("--non-causal") { &[false] } else { &[false, true] };
-        let tokens = match list("--tokens").as_deref() {
-            None => STANDARD_TOKENS,
-            Some(&[tokens]) if tokens > 0 => tokens,
-            Some(_) => return Err("--tokens takes one number > 0".into()),
-        };
-        let heads = match list("--heads").as_deref() {
-            None => None,
-            Some(&[heads]) if heads > 0 => Some(heads),
-            Some(_) => return Err("--heads takes one number > 0".into()),
-        };
+        let tokens = tokens.unwrap_or(STANDARD_TOKENS);
         let grid = PrefillGrid { head_dims: &head_dims, seqlens: &seqlens, masks, heads_major, tokens, heads };
         prefill_rows(&attention, &grid, reps, &mut out)?;
         if standard_grid {
