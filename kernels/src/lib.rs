@@ -15,7 +15,9 @@
 //! drives the attention kernels that way and checks them against an f64
 //! reference.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, link_llvm_intrinsics))]
+// The barriers are LLVM intrinsics (convergent, unlike `asm!`); see arch/ptx.rs.
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![allow(clippy::missing_safety_doc)]
 // The fragment loops index several arrays with one counter, as the layout
 // math reads; `OnlineSoftmax::new` is deliberately its only constructor.

@@ -61,16 +61,31 @@ special_register!(
     "%nctaid.z"
 );
 
+// The barriers are LLVM's NVVM intrinsics, not inline asm: the intrinsics
+// are `convergent`, so LLVM never makes them depend on more control flow
+// than the source gives them. An `asm!` barrier is ordinary code to LLVM,
+// which may then duplicate it into both arms of a branch (it did, in the
+// decode kernels' warp merge); warps that take different arms meet one
+// source barrier at two instructions, which `bar.sync` (aligned) forbids.
+// `cargo xtask build-ptx` checks the compiled PTX for that (xtask's
+// divergence check).
+extern "C" {
+    #[link_name = "llvm.nvvm.barrier.cta.sync.aligned.all"]
+    fn barrier_cta_sync_aligned_all(barrier: u32);
+    #[link_name = "llvm.nvvm.bar.warp.sync"]
+    fn bar_warp_sync(member_mask: u32);
+}
+
 /// `bar.sync 0`: block-wide barrier; also orders shared-memory accesses.
 #[inline(always)]
 pub fn sync_threads() {
-    unsafe { asm!("bar.sync 0;", options(nostack)) };
+    unsafe { barrier_cta_sync_aligned_all(0) };
 }
 
 /// `bar.warp.sync`: reconverges the warp and orders its shared-memory accesses.
 #[inline(always)]
 pub fn sync_warp() {
-    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+    unsafe { bar_warp_sync(u32::MAX) };
 }
 
 /// `cp.async.cg.shared.global` of 16 bytes. Copies `src_bytes` (0 or 16) bytes
