@@ -6,6 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
+mod divergence;
+
 const PTX_TARGET: &str = "nvptx64-nvidia-cuda";
 /// The PTX targets sm_80 and runs on A100, H100 and H200 (the driver
 /// compiles it for the GPU at load).
@@ -24,7 +26,15 @@ fn main() {
             build_ptx(check, require_ptxas)
         }
         Some("gpu-bundle") => gpu_bundle(),
-        _ => Err("usage: cargo xtask build-ptx [--check] [--require-ptxas] | cargo xtask gpu-bundle".into()),
+        Some("check-divergence") => {
+            let path = args.get(1).map(PathBuf::from).unwrap_or_else(|| workspace_root().join(COMMITTED_PTX));
+            fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                .and_then(|ptx| check_divergence(&ptx))
+        }
+        _ => Err("usage: cargo xtask build-ptx [--check] [--require-ptxas] | cargo xtask gpu-bundle | \
+                  cargo xtask check-divergence [PTX]"
+            .into()),
     };
     if let Err(message) = result {
         eprintln!("xtask: error: {message}");
@@ -81,7 +91,30 @@ fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
         fs::write(&committed_path, &ptx).map_err(|e| format!("cannot write {}: {e}", committed_path.display()))?;
         println!("xtask: wrote {COMMITTED_PTX} ({} bytes)", ptx.len());
     }
+    check_divergence(&ptx)?;
     check_resources(&root, &committed_path, require_ptxas)
+}
+
+/// Fails if any barrier or warp collective of the PTX is reached under
+/// control flow that differs between the threads that must meet there
+/// ([`divergence`]).
+fn check_divergence(ptx: &str) -> Result<()> {
+    let (kernels, violations) = divergence::check(ptx);
+    if kernels == 0 {
+        return Err("divergence check: no kernel found in the PTX".into());
+    }
+    if violations.is_empty() {
+        println!(
+            "xtask: divergence: every barrier and warp collective of the {kernels} kernels is under uniform control"
+        );
+        return Ok(());
+    }
+    let listed: Vec<String> = violations.iter().map(ToString::to_string).collect();
+    Err(format!(
+        "{} barrier/collective instructions under divergent control:\n  {}",
+        violations.len(),
+        listed.join("\n  ")
+    ))
 }
 
 fn find_ptxas(root: &Path) -> Option<PathBuf> {
