@@ -158,7 +158,32 @@ fn a_barrier_that_some_threads_skip_is_reported() {
             arch::sync_threads();
         }
     });
-    expect_fault(result, FaultKind::Deadlock, &["bar.sync"]);
+    let error = expect_fault(result, FaultKind::Deadlock, &["exited while threads 0-31 bar.sync at", "faults.rs"]);
+    assert_eq!(error.block, Some([0, 0, 0]), "{error}");
+    assert!(error.thread.is_some_and(|t| t >= 32), "{error}");
+}
+
+#[test]
+fn warps_meeting_at_different_barriers_are_reported() {
+    // The shape of a warp merge: warps 1.. hand over their values, then
+    // leave; warp 0 goes on. Written with one barrier per branch, the
+    // warps meet "the" barrier at two instructions.
+    let result = run_block(64, 0, &[], |tid| {
+        if tid / 32 != 0 {
+            arch::sync_threads();
+            return;
+        }
+        arch::sync_threads();
+    });
+    let error = expect_fault(
+        result,
+        FaultKind::DivergentBlock,
+        &["reached bar.sync at", "faults.rs", "bar.sync at", "one barrier instruction"],
+    );
+    assert_eq!(error.block, Some([0, 0, 0]), "{error}");
+    assert!(error.thread.is_some(), "{error}");
+    // Both source lines are named.
+    assert_eq!(error.message.matches("faults.rs:").count(), 2, "{error}");
 }
 
 #[test]

@@ -35,6 +35,9 @@ pub enum FaultKind {
     PartialWarp,
     /// Lanes of one warp at different warp-collective instructions.
     DivergentWarp,
+    /// Threads of one block at different block barriers (`bar.sync`
+    /// instructions): an aligned barrier must be one instruction for all.
+    DivergentBlock,
     /// Every live thread waits and none can go on (e.g. a `bar.sync` that
     /// some threads never reach).
     Deadlock,

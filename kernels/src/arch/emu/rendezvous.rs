@@ -2,7 +2,8 @@
 //! meeting point of each warp's collective instructions, where the lanes'
 //! registers are exchanged. It also describes a block that cannot go on:
 //! a collective that part of a warp never reaches, lanes of one warp at
-//! different collectives, a barrier some threads never reach.
+//! different collectives, a barrier some threads never reach or meet at
+//! different instructions.
 //!
 //! The block's threads are coroutines on one OS thread: a thread that must
 //! wait suspends (the `suspend` argument) and checks again when the
@@ -73,6 +74,8 @@ struct State {
     exited: Vec<bool>,
     waits: Vec<Option<Wait>>,
     barrier_arrived: u32,
+    /// Where the threads waiting at the block barrier wait.
+    barrier_site: Option<Site>,
     barriers_completed: u64,
     warps: Vec<Warp>,
 }
@@ -98,6 +101,7 @@ impl Rendezvous {
                 exited,
                 waits: vec![None; threads as usize],
                 barrier_arrived: 0,
+                barrier_site: None,
                 barriers_completed: 0,
                 warps: (0..warps).map(|_| Warp { meeting: None, outputs: [[0; 4]; 32], completed: 0 }).collect(),
             }),
@@ -115,25 +119,41 @@ impl Rendezvous {
         self.progress.set(self.progress.get() + 1);
     }
 
-    /// `bar.sync 0`: returns once every thread of the block has arrived.
-    /// The last to arrive runs `on_complete` before releasing the others.
+    /// `bar.sync 0`: returns once every thread of the block has arrived,
+    /// all at the same instruction (`site`): an aligned barrier that
+    /// threads meet at two places, or that a thread exits without reaching,
+    /// is a fault. The last to arrive runs `on_complete` before releasing
+    /// the others.
     pub fn barrier(&self, tid: u32, site: Site, on_complete: impl FnOnce(), suspend: impl Fn()) -> Result<(), Fault> {
         self.advance();
         let ticket = {
             let mut st = self.state.borrow_mut();
             if let Some(gone) = (0..self.threads).find(|&t| st.exited[t as usize]) {
-                let message =
-                    format!("bar.sync at {site} can never complete: thread {gone} exited without reaching it");
+                let message = format!(
+                    "bar.sync at {site} reached by thread {tid} can never complete: thread {gone} exited without \
+                     reaching it"
+                );
                 return Err(Fault::new(FaultKind::Deadlock, Some(tid), message));
+            }
+            if st.barrier_site.is_some_and(|s| s != site) {
+                let waiting = (0..self.threads as usize).filter(|&t| st.waits[t].is_some());
+                let message = format!(
+                    "thread {tid} reached bar.sync at {site} while {}: every thread of the block must meet at \
+                     one barrier instruction",
+                    self.where_waiting(&st, waiting)
+                );
+                return Err(Fault::new(FaultKind::DivergentBlock, Some(tid), message));
             }
             st.barrier_arrived += 1;
             if st.barrier_arrived == self.threads {
                 st.barrier_arrived = 0;
+                st.barrier_site = None;
                 st.barriers_completed += 1;
                 st.waits.fill(None);
                 on_complete();
                 return Ok(());
             }
+            st.barrier_site = Some(site);
             st.waits[tid as usize] = Some(Wait::Barrier(site));
             st.barriers_completed
         };
@@ -223,7 +243,8 @@ impl Rendezvous {
             return Err(Fault::new(FaultKind::PartialWarp, Some(tid), message));
         }
         if st.barrier_arrived > 0 {
-            let message = format!("thread exited while {} threads wait for it at bar.sync", st.barrier_arrived);
+            let waiting = (0..self.threads as usize).filter(|&t| st.waits[t].is_some());
+            let message = format!("thread {tid} exited while {}", self.where_waiting(&st, waiting));
             return Err(Fault::new(FaultKind::Deadlock, Some(tid), message));
         }
         Ok(())
