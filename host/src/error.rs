@@ -49,6 +49,8 @@ pub enum Error {
     InvalidBlockTable(String),
     /// The GPU's compute capability is below 8.0 (mma.sync bf16, cp.async).
     UnsupportedDevice { major: i32, minor: i32 },
+    /// No CUDA context is current on the calling thread.
+    NoContext,
     /// A CUDA driver call failed.
     Cuda(cust::error::CudaError),
     /// A raw CUDA driver call failed with this status code.
@@ -112,6 +114,9 @@ impl fmt::Display for Error {
             Error::InvalidBlockTable(msg) => write!(f, "invalid block table: {msg}"),
             Error::UnsupportedDevice { major, minor } => {
                 write!(f, "compute capability {major}.{minor} is not supported; sm_80 or newer is required")
+            }
+            Error::NoContext => {
+                write!(f, "no CUDA context is current on this thread: create one first (e.g. cust::quick_init())")
             }
             Error::Cuda(e) => write!(f, "CUDA error: {e}"),
             Error::DriverCall { call, code } => write!(f, "{call} failed with CUDA status {code}"),

@@ -50,6 +50,7 @@
 #[allow(dead_code)]
 #[path = "../../kernels/src/config.rs"]
 mod config;
+mod context;
 mod error;
 mod kvcache;
 mod launch;

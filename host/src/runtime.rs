@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 
 use cust::context::CurrentContext;
 use cust::device::DeviceAttribute;
@@ -11,6 +12,7 @@ use cust::module::Module;
 use cust::stream::Stream;
 use cust::sys::{CUfunction, CUfunction_attribute};
 
+use crate::context::ContextRef;
 use crate::error::{Error, Result};
 use crate::kvcache::{validate_kvcache, Append, KvCache};
 use crate::launch::{plan, KernelVariant, Plan};
@@ -143,6 +145,8 @@ pub struct Output<T: Element> {
     pub lse: DeviceBuffer<f32>,
     /// The sizes of the problem.
     pub problem: Problem,
+    /// Keeps the context of `o` and `lse` alive until they are freed.
+    _context: ContextRef,
 }
 
 /// Outputs at addresses no allocation has (2^63 and above; GPU virtual
@@ -164,7 +168,7 @@ fn lse_rows([batch, seqlen, heads, _]: [usize; 4]) -> Option<usize> {
 }
 
 /// `Ok` for a driver call `call` that returned `status` success, else the error.
-fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
+pub(crate) fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
     if status == cust::sys::cudaError_enum::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -205,9 +209,17 @@ pub struct KernelResources {
 }
 
 /// The kernels, loaded into the CUDA context current at [`FlashAttention::new`].
+///
+/// It keeps that context alive (a reference on the device's primary
+/// context, which `cust::quick_init` makes) until it is dropped, so the
+/// context may be dropped before it. A context made with `cuCtxCreate` has
+/// no reference count: destroy such a context only after everything this
+/// crate made in it.
 pub struct FlashAttention {
-    /// Owns the functions below, which live as long as it.
-    _module: Module,
+    /// Owns the functions below, which live as long as it; unloaded in
+    /// `drop`, with `context` current.
+    module: ManuallyDrop<Module>,
+    context: ContextRef,
     sm_count: usize,
     /// By (head dim, element type name, variant).
     attention: HashMap<(usize, &'static str, KernelVariant), AttentionKernel>,
@@ -246,6 +258,14 @@ unsafe fn launch_kernel(
     driver_call("cuLaunchKernel", status)
 }
 
+impl Drop for FlashAttention {
+    fn drop(&mut self) {
+        // SAFETY: `module` is not used again; the functions looked up from
+        // it are dropped with `self`.
+        self.context.with_current(|| unsafe { ManuallyDrop::drop(&mut self.module) });
+    }
+}
+
 impl FlashAttention {
     /// Loads the kernels into the current context and reads the GPU's SM
     /// count and the kernels' occupancy (for the split-KV heuristic). Fails
@@ -258,6 +278,7 @@ impl FlashAttention {
             return Err(Error::UnsupportedDevice { major, minor });
         }
         let sm_count = device.get_attribute(DeviceAttribute::MultiprocessorCount)?.max(1) as usize;
+        let context = ContextRef::current()?;
         let module = Module::from_ptx(PTX, &[])?;
         let mut attention = HashMap::new();
         for (head_dim, element, variant) in attention_kernels() {
@@ -283,7 +304,7 @@ impl FlashAttention {
             combine.insert(element, module.get_function(combine_kernel_name(element))?.to_raw());
         }
         let append = module.get_function(APPEND_KERNEL)?.to_raw();
-        Ok(Self { _module: module, sm_count, attention, combine, append })
+        Ok(Self { module: ManuallyDrop::new(module), context, sm_count, attention, combine, append })
     }
 
     /// The GPU's number of streaming multiprocessors.
@@ -350,7 +371,7 @@ impl FlashAttention {
         let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
         let problem = self.forward_into(q, k, v, TensorMut::new(&mut o, q.layout.shape), &mut lse, params, stream)?;
-        Ok(Output { o, lse, problem })
+        Ok(Output { o, lse, problem, _context: self.context.clone() })
     }
 
     /// Attention into caller-provided outputs: `o` with `q`'s shape, and
@@ -441,7 +462,7 @@ impl FlashAttention {
         let o_view = TensorMut::new(&mut o, q.layout.shape);
         let problem =
             self.forward_varlen_into(q, k, v, o_view, &mut lse, cu_seqlens_q, cu_seqlens_k, params, stream)?;
-        Ok(Output { o, lse, problem })
+        Ok(Output { o, lse, problem, _context: self.context.clone() })
     }
 
     /// [`forward_varlen`](Self::forward_varlen) into caller-provided
@@ -536,7 +557,7 @@ impl FlashAttention {
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
         let o_view = TensorMut::new(&mut o, q.layout.shape);
         let problem = self.forward_kvcache_into(q, cache, o_view, &mut lse, params, workspace, stream)?;
-        Ok(Output { o, lse, problem })
+        Ok(Output { o, lse, problem, _context: self.context.clone() })
     }
 
     /// [`forward_kvcache`](Self::forward_kvcache) into caller-provided

@@ -4,6 +4,7 @@
 use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 
+use crate::context::ContextRef;
 use crate::error::Result;
 
 /// Reusable device scratch for [`FlashAttention::forward_kvcache`](crate::FlashAttention::forward_kvcache):
@@ -24,9 +25,13 @@ use crate::error::Result;
 /// # let _ = &mut workspace;
 /// # Ok(()) }
 /// ```
+///
+/// It keeps the context its memory lives in alive until it is dropped (see
+/// [`FlashAttention`](crate::FlashAttention)).
 #[derive(Default)]
 pub struct Workspace {
-    buffer: Option<DeviceBuffer<u8>>,
+    /// The scratch and the context it was allocated in.
+    buffer: Option<(DeviceBuffer<u8>, ContextRef)>,
 }
 
 impl Workspace {
@@ -37,17 +42,32 @@ impl Workspace {
 
     /// Bytes allocated.
     pub fn capacity(&self) -> usize {
-        self.buffer.as_ref().map_or(0, |b| b.len())
+        self.buffer.as_ref().map_or(0, |(b, _)| b.len())
     }
 
-    /// The device address of at least `bytes` bytes of scratch.
+    /// The device address of at least `bytes` bytes of scratch, in the
+    /// current context.
     pub(crate) fn reserve(&mut self, bytes: usize) -> Result<u64> {
         if self.capacity() < bytes {
             // Free first (waiting for work that still uses it), then allocate.
-            self.buffer = None;
-            self.buffer = Some(unsafe { DeviceBuffer::uninitialized(bytes)? });
+            self.free();
+            let context = ContextRef::current()?;
+            self.buffer = Some((unsafe { DeviceBuffer::uninitialized(bytes)? }, context));
         }
-        Ok(self.buffer.as_ref().map_or(0, |b| b.as_device_ptr().as_raw()))
+        Ok(self.buffer.as_ref().map_or(0, |(b, _)| b.as_device_ptr().as_raw()))
+    }
+
+    /// Frees the scratch in its own context, then lets the context go.
+    fn free(&mut self) {
+        if let Some((buffer, context)) = self.buffer.take() {
+            context.with_current(|| drop(buffer));
+        }
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        self.free();
     }
 }
 
