@@ -64,6 +64,26 @@ fn skipped(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
+/// The environment variable that caps the cases of a run: gpu-check.sh
+/// sets it under the sanitizers that slow kernels most (racecheck,
+/// initcheck), which then check the small cases and leave the large ones to
+/// the plain run and the faster tools.
+pub const MAX_SCORES_VAR: &str = "FLASH_ATTN_TEST_MAX_SCORES";
+
+/// Whether a case of `scores` attention scores (batch * query heads *
+/// queries * keys) is past the cap of [`MAX_SCORES_VAR`]; says so if it is.
+pub fn left_out_of_this_run(test: &str, case: &dyn std::fmt::Debug, scores: usize) -> bool {
+    let Some(max) = std::env::var(MAX_SCORES_VAR).ok().and_then(|v| v.parse::<usize>().ok()) else {
+        return false;
+    };
+    if scores <= max {
+        return false;
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "LEFT OUT {test}: {scores} scores over {MAX_SCORES_VAR}={max}: {case:?}");
+    true
+}
+
 /// A CUDA context and the loaded kernels, or `None` with the reason printed
 /// when this machine has no usable GPU.
 pub fn gpu(test: &str) -> Option<(Context, FlashAttention)> {
