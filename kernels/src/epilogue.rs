@@ -38,6 +38,12 @@ pub unsafe fn write_output<E: Element, const M_TILES: usize, const DIM_TILES: us
 ) {
     let lane_row = lane / 4;
     let lane_col = 2 * (lane % 4);
+    // The staging rows held the warp's Q, which its lanes read through
+    // ldmatrix, each lane's row address serving the others: every lane's
+    // reads are done before any lane overwrites them (compute-sanitizer's
+    // racecheck reports the overlap otherwise, under independent thread
+    // scheduling).
+    arch::sync_warp();
     for (m, o_m) in o.iter().enumerate() {
         for half in 0..2 {
             let (normalise, lse) = softmax.finish(m, half, scale_log2);
