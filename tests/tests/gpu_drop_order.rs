@@ -17,13 +17,16 @@ use flash_attn_tests::gpu;
 const CHILD: &str = "FLASH_ATTN_DROP_ORDER_CHILD";
 
 /// Everything a decode loop holds, the context first, so it drops first.
+/// (cust's own `Stream` and `DeviceBuffer` hold no reference on the
+/// context: they are freed in it only while one of ours keeps it alive, so
+/// they come before the last of ours.)
 struct WorstOrder {
     _context: Context,
     _attention: FlashAttention,
-    _workspace: Workspace,
-    _output: Output<f16>,
     _stream: Stream,
     _cache: [DeviceBuffer<f16>; 3],
+    _workspace: Workspace,
+    _output: Output<f16>,
 }
 
 /// Runs a dense call and a KV cache call that fills `Workspace` (split-KV
@@ -78,10 +81,10 @@ fn worst_order() {
     let values = WorstOrder {
         _context: context,
         _attention: attention,
-        _workspace: workspace,
-        _output: output,
         _stream: stream,
         _cache: [q, cache, DeviceBuffer::from_slice(&values).unwrap()],
+        _workspace: workspace,
+        _output: output,
     };
     drop(values);
     eprintln!("worst order: dropped everything, context first");
