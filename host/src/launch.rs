@@ -236,7 +236,7 @@ pub(crate) fn plan(
     let mut combine_blocks = 0;
     if num_splits > 1 {
         let merged_rows = rows * heads_q * batch;
-        combine_blocks = params::combine_blocks(merged_rows as u64, head_dim as u32) as usize;
+        combine_blocks = flash_attn_abi::kernels::combine_grid(merged_rows as u64, head_dim as u32) as usize;
         if combine_blocks > MAX_GRID_X {
             return Err(Error::TooLarge { what: "split-KV merge blocks", value: combine_blocks, max: MAX_GRID_X });
         }

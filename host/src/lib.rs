@@ -47,15 +47,10 @@
 //! # Ok(()) }
 //! ```
 
-#[allow(dead_code)]
-#[path = "../../kernels/src/config.rs"]
-mod config;
 mod context;
 mod error;
 mod kvcache;
 mod launch;
-#[path = "../../kernels/src/params.rs"]
-mod params;
 #[path = "../../kernels/src/reference.rs"]
 pub mod reference;
 #[cfg(test)]
@@ -67,6 +62,7 @@ mod workspace;
 
 pub use cust;
 pub use error::{Error, Result};
+use flash_attn_abi::{config, params};
 pub use half::{bf16, f16};
 pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
 pub use launch::{num_splits_heuristic, KernelVariant, MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT};

@@ -6,9 +6,8 @@ use crate::arch;
 use crate::params::AppendParams;
 use crate::problem::page_slot;
 
-/// Threads per block of the append kernel (grid `(seqlen_new, heads_kv,
-/// batch)`): each copies 16-byte chunks of the row's k and v.
-pub const APPEND_THREADS: u32 = 128;
+// Each thread of a block (one row of one head) copies 16-byte chunks of k and v.
+use flash_attn_abi::kernels::APPEND_THREADS;
 
 /// The append kernel body.
 ///

@@ -13,10 +13,7 @@ use crate::element::Element;
 use crate::params::CombineParams;
 use crate::problem::packed_sequence;
 
-/// Warps per block of the combine kernel.
-pub const COMBINE_WARPS: u32 = crate::params::COMBINE_WARPS;
-/// Columns of one warp's slice of a row.
-pub const COMBINE_COLUMNS: u32 = crate::params::COMBINE_COLUMNS;
+use crate::params::{COMBINE_COLUMNS, COMBINE_WARPS};
 /// Splits of one pass per lane: a pass covers the host's largest split count.
 const SPLITS_PER_LANE: usize = (crate::params::MAX_SPLITS / 32) as usize;
 
@@ -25,7 +22,7 @@ const SPLITS_PER_LANE: usize = (crate::params::MAX_SPLITS / 32) as usize;
 /// # Safety
 /// `params` describes the partial buffers the forward call wrote (16-byte
 /// aligned `o_partial`) and the outputs it would have written; launched with
-/// `32 * COMBINE_WARPS` threads and [`crate::params::combine_blocks`] blocks.
+/// the geometry of [`flash_attn_abi::kernels::combine_grid`].
 #[inline(always)]
 pub unsafe fn combine_splits<E: Element>(params: &CombineParams) {
     let tid = arch::thread_idx_x();

@@ -2,12 +2,13 @@
 //! ([`crate::emu`]), and an f64 reference to check them against: what the
 //! tests and the `emulate` example run without a GPU.
 
-use crate::append::APPEND_THREADS;
-use crate::combine::COMBINE_WARPS;
+use flash_attn_abi::kernels::{combine_grid, APPEND_THREADS, COMBINE_THREADS};
+
 use crate::emu::{self, GlobalRegion, LaunchConfig};
-use crate::entry::{self, DType, HostKernel};
-use crate::params::{combine_blocks, AppendParams, CombineParams, ForwardParams, ForwardSizes, TensorArg};
+use crate::entry::{self, HostKernel};
+use crate::params::{AppendParams, CombineParams, ForwardParams, ForwardSizes, TensorArg};
 use crate::reference::{self, ReferenceProblem};
+pub use flash_attn_abi::kernels::Dtype;
 
 /// 16 bytes, the alignment `cp.async` needs of every tensor.
 #[derive(Clone, Copy, Debug)]
@@ -43,12 +44,12 @@ impl Tensor {
 
     /// Standard normal values, pseudo-random in `seed`, rounded to `dtype`;
     /// padding is NaN, which the kernel must never read.
-    pub fn random(shape: [usize; 4], strides: [usize; 4], dtype: DType, seed: u64) -> Self {
+    pub fn random(shape: [usize; 4], strides: [usize; 4], dtype: Dtype, seed: u64) -> Self {
         let mut t = Self::filled(shape, strides, POISON);
         let mut rng = Normal::new(seed);
         let indices: Vec<usize> = t.indices().collect();
         for i in indices {
-            t.data_mut()[i] = dtype.from_f64(rng.sample());
+            t.data_mut()[i] = dtype.bits_of(rng.sample());
         }
         t
     }
@@ -75,32 +76,39 @@ impl Tensor {
     }
 
     /// The elements as f64, densely packed.
-    pub fn to_f64(&self, dtype: DType) -> Vec<f64> {
+    pub fn to_f64(&self, dtype: Dtype) -> Vec<f64> {
         self.indices().map(|i| dtype.to_f64(self.data()[i])).collect()
     }
 }
 
-impl DType {
-    pub fn to_f64(self, bits: u16) -> f64 {
-        match self {
-            DType::F16 => half::f16::from_bits(bits).to_f64(),
-            DType::Bf16 => half::bf16::from_bits(bits).to_f64(),
-        }
-    }
-
-    pub fn from_f64(self, x: f64) -> u16 {
-        match self {
-            DType::F16 => half::f16::from_f64(x).to_bits(),
-            DType::Bf16 => half::bf16::from_f64(x).to_bits(),
-        }
-    }
-
+/// Conversions of a kernel's element type on the host.
+pub trait DtypeValues {
+    fn to_f64(self, bits: u16) -> f64;
+    fn bits_of(self, x: f64) -> u16;
     /// Largest relative L2 error of O allowed against the f64 reference
     /// (the GPU tests' budget).
-    pub fn o_tolerance(self) -> f64 {
+    fn o_tolerance(self) -> f64;
+}
+
+impl DtypeValues for Dtype {
+    fn to_f64(self, bits: u16) -> f64 {
         match self {
-            DType::F16 => 2e-3,
-            DType::Bf16 => 1.6e-2,
+            Dtype::F16 => half::f16::from_bits(bits).to_f64(),
+            Dtype::Bf16 => half::bf16::from_bits(bits).to_f64(),
+        }
+    }
+
+    fn bits_of(self, x: f64) -> u16 {
+        match self {
+            Dtype::F16 => half::f16::from_f64(x).to_bits(),
+            Dtype::Bf16 => half::bf16::from_f64(x).to_bits(),
+        }
+    }
+
+    fn o_tolerance(self) -> f64 {
+        match self {
+            Dtype::F16 => 2e-3,
+            Dtype::Bf16 => 1.6e-2,
         }
     }
 }
@@ -131,7 +139,7 @@ impl Normal {
 /// The launch of `kernel` for `batch` x `heads_q` x `seqlen_q` query rows,
 /// as the host crate makes it on the GPU.
 pub fn launch_config(kernel: &HostKernel, batch: usize, heads_q: usize, seqlen_q: usize) -> LaunchConfig {
-    let c = kernel.config;
+    let c = kernel.kernel.config;
     let grid = [seqlen_q.div_ceil(c.block_m as usize) as u32, heads_q as u32, batch as u32];
     LaunchConfig::new(grid, c.threads(), c.smem_bytes())
 }
@@ -191,9 +199,9 @@ pub fn forward(
     scale: f32,
 ) -> Result<Output, emu::Error> {
     assert_eq!(
-        q.shape[3], kernel.config.head_dim as usize,
+        q.shape[3], kernel.kernel.config.head_dim as usize,
         "{} takes head_dim {}",
-        kernel.name, kernel.config.head_dim
+        kernel.kernel.name, kernel.kernel.config.head_dim
     );
     let [batch, seqlen_q, heads_q, _] = q.shape;
     let mut o = Tensor::filled(q.shape, o_strides, POISON);
@@ -225,7 +233,7 @@ pub struct Reference {
 impl Reference {
     /// The reference ([`crate::reference::attention`]) of the inputs as the
     /// kernel sees them: `q`, `k`, `v` rounded to `dtype`.
-    pub fn new(q: &Tensor, k: &Tensor, v: &Tensor, dtype: DType, causal: bool, scale: f64) -> Self {
+    pub fn new(q: &Tensor, k: &Tensor, v: &Tensor, dtype: Dtype, causal: bool, scale: f64) -> Self {
         let ([batch, seqlen_q, heads_q, head_dim], [_, seqlen_k, heads_kv, _]) = (q.shape, k.shape);
         let problem = ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, scale);
         let out = reference::attention(&problem, &q.to_f64(dtype), &k.to_f64(dtype), &v.to_f64(dtype));
@@ -236,7 +244,7 @@ impl Reference {
     /// the largest absolute LSE error of rows that see a key. Fails if an
     /// element of O was not written (still NaN), padding of O was written,
     /// or a row that sees no key is not O = 0 and LSE = -inf.
-    pub fn compare(&self, out: &Output, dtype: DType) -> Result<Errors, String> {
+    pub fn compare(&self, out: &Output, dtype: Dtype) -> Result<Errors, String> {
         let [_, sq, hq, d] = out.o.shape;
         let mut logical = vec![false; out.o.data().len()];
         let mut diff = 0.0;
@@ -294,12 +302,12 @@ pub struct Errors {
 
 impl Errors {
     /// Whether both errors are within the budget for `dtype`.
-    pub fn within(&self, dtype: DType) -> bool {
+    pub fn within(&self, dtype: Dtype) -> bool {
         self.o_relative_l2 <= dtype.o_tolerance() && self.lse_max_abs <= LSE_TOLERANCE
     }
 
     /// The errors against their budgets for `dtype`, in words.
-    pub fn describe(&self, dtype: DType) -> String {
+    pub fn describe(&self, dtype: Dtype) -> String {
         format!(
             "O relative L2 error {:.2e} (budget {:.1e}; largest element error {:.2e} at [b, s, h, d] = {:?}), \
              LSE max abs error {:.2e} (budget {LSE_TOLERANCE:.1e})",
@@ -351,7 +359,7 @@ pub fn forward_general(
     scale: f32,
     features: &Features,
 ) -> Result<Output, emu::Error> {
-    assert!(kernel.general, "{} is not a general kernel", kernel.name);
+    assert!(kernel.kernel.variant.is_general(), "{} is not a general kernel", kernel.kernel.name);
     let [_, q_rows, heads_q, head_dim] = q.shape;
     let mut o = Tensor::filled(q.shape, Tensor::contiguous_strides(q.shape), POISON);
     let lse_len = if features.cu_seqlens_q.is_some() { heads_q * q_rows } else { batch * heads_q * seqlen_q };
@@ -413,7 +421,7 @@ pub fn forward_general(
         regions.push(GlobalRegion::writable("o", o.data_mut()));
         regions.push(GlobalRegion::writable("lse", &mut lse));
     }
-    let c = kernel.config;
+    let c = kernel.kernel.config;
     let grid = [num_splits * seqlen_q.div_ceil(c.block_m as usize) as u32, heads_q as u32, batch as u32];
     let config = LaunchConfig::new(grid, c.threads(), c.smem_bytes());
     // SAFETY: the regions are the buffers behind `params`, alive until the
@@ -430,11 +438,11 @@ pub fn forward_general(
         if let Some(cu) = &features.cu_seqlens_q {
             regions.push(GlobalRegion::read_only("cu_seqlens_q", cu));
         }
-        let blocks = combine_blocks((batch * heads_q * seqlen_q) as u64, head_dim as u32) as u32;
-        let config = LaunchConfig::new([blocks, 1, 1], 32 * COMBINE_WARPS, 0);
-        let run = match kernel.dtype {
-            DType::F16 => entry::flash_combine_f16,
-            DType::Bf16 => entry::flash_combine_bf16,
+        let blocks = combine_grid((batch * heads_q * seqlen_q) as u64, head_dim as u32) as u32;
+        let config = LaunchConfig::new([blocks, 1, 1], COMBINE_THREADS, 0);
+        let run = match kernel.kernel.dtype {
+            Dtype::F16 => entry::flash_combine_f16,
+            Dtype::Bf16 => entry::flash_combine_bf16,
         };
         // SAFETY: as above, for the combine's buffers.
         unsafe { emu::launch(&config, &regions, || run(&combine)) }?;

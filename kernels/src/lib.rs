@@ -27,7 +27,6 @@ pub mod append;
 pub mod arch;
 pub mod ceiling;
 pub mod combine;
-pub mod config;
 pub mod element;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emulated;
@@ -36,7 +35,6 @@ pub mod epilogue;
 pub mod forward;
 pub mod layout;
 pub mod mma;
-pub mod params;
 pub mod pipeline;
 pub mod probe;
 pub mod problem;
@@ -47,6 +45,8 @@ pub mod warp_merge;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub use arch::emu;
+/// The argument blocks and tile configurations, shared with the host.
+pub use flash_attn_abi::{config, params};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

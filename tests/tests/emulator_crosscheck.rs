@@ -13,7 +13,8 @@ use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, PTX};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
 use flash_attn_kernels::emulated::{self, Tensor as HostTensor};
-use flash_attn_kernels::entry::{kernel, DType};
+use flash_attn_kernels::emulated::{Dtype, DtypeValues};
+use flash_attn_kernels::entry::kernel;
 use flash_attn_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
 use flash_attn_tests::gpu;
 use rand::Rng;
@@ -302,9 +303,9 @@ fn attention_kernels_match_the_gpu() {
     {
         for (seqlen_q, seqlen_k) in [(100, 133), (133, 65)] {
             let host_kernel = kernel(name).expect("kernel");
-            let d = host_kernel.config.head_dim as usize;
+            let d = host_kernel.kernel.config.head_dim as usize;
             let (q_shape, kv_shape) = ([2, seqlen_q, 4, d], [2, seqlen_k, 2, d]);
-            let dtype = host_kernel.dtype;
+            let dtype = host_kernel.kernel.dtype;
             let mut tensor = |shape| {
                 seed = seed.wrapping_add(1);
                 HostTensor::random(shape, HostTensor::contiguous_strides(shape), dtype, seed)
@@ -314,12 +315,24 @@ fn attention_kernels_match_the_gpu() {
             let emulated = emulated::forward(host_kernel, &q, &k, &v, HostTensor::contiguous_strides(q_shape), scale)
                 .unwrap_or_else(|e| panic!("{name}: emulator: {e}"));
             let (gpu_o, gpu_lse) = match dtype {
-                DType::F16 => {
-                    gpu_forward(&attention, f16::from_bits, |x: f16| x.to_bits(), &q, &k, &v, host_kernel.causal)
-                }
-                DType::Bf16 => {
-                    gpu_forward(&attention, bf16::from_bits, |x: bf16| x.to_bits(), &q, &k, &v, host_kernel.causal)
-                }
+                Dtype::F16 => gpu_forward(
+                    &attention,
+                    f16::from_bits,
+                    |x: f16| x.to_bits(),
+                    &q,
+                    &k,
+                    &v,
+                    host_kernel.kernel.variant == flash_attn_abi::kernels::Variant::Causal,
+                ),
+                Dtype::Bf16 => gpu_forward(
+                    &attention,
+                    bf16::from_bits,
+                    |x: bf16| x.to_bits(),
+                    &q,
+                    &k,
+                    &v,
+                    host_kernel.kernel.variant == flash_attn_abi::kernels::Variant::Causal,
+                ),
             };
             let emu_o = emulated.o.data();
             let identical = gpu_o.iter().zip(emu_o).filter(|(a, b)| a == b).count();
@@ -334,8 +347,8 @@ fn attention_kernels_match_the_gpu() {
                 .fold(0.0, f64::max);
             // Within rounding: below the unit roundoff of the output type.
             let unit_roundoff = match dtype {
-                DType::F16 => 2f64.powi(-11),
-                DType::Bf16 => 2f64.powi(-8),
+                Dtype::F16 => 2f64.powi(-11),
+                Dtype::Bf16 => 2f64.powi(-8),
             };
             println!(
                 "attention_kernels_match_the_gpu: {name} sq={seqlen_q} sk={seqlen_k}: O {identical}/{} bit-identical, \

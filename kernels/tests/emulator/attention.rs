@@ -2,6 +2,7 @@
 //! f64 reference: indexing, masking, swizzles, fragment layouts and the
 //! online softmax all have to be right for these to pass.
 
+use flash_attn_kernels::emulated::DtypeValues;
 use flash_attn_kernels::emulated::{forward, Reference, Tensor};
 use flash_attn_kernels::entry::{kernel, KERNELS};
 use proptest::prelude::*;
@@ -34,25 +35,32 @@ fn strides(shape: [usize; 4], strided: bool) -> [usize; 4] {
 /// Runs `case`, panicking with the case and the first thing wrong.
 fn check(case: Case) {
     let kernel = kernel(case.kernel).unwrap();
-    let d = kernel.config.head_dim as usize;
+    let d = kernel.kernel.config.head_dim as usize;
     let q_shape = [case.batch, case.seqlen_q, case.heads_q, d];
     let kv_shape = [case.batch, case.seqlen_k, case.heads_kv, d];
-    let q = Tensor::random(q_shape, strides(q_shape, case.strided), kernel.dtype, case.seed);
-    let k = Tensor::random(kv_shape, strides(kv_shape, case.strided), kernel.dtype, case.seed + 1);
-    let v = Tensor::random(kv_shape, strides(kv_shape, case.strided), kernel.dtype, case.seed + 2);
+    let q = Tensor::random(q_shape, strides(q_shape, case.strided), kernel.kernel.dtype, case.seed);
+    let k = Tensor::random(kv_shape, strides(kv_shape, case.strided), kernel.kernel.dtype, case.seed + 1);
+    let v = Tensor::random(kv_shape, strides(kv_shape, case.strided), kernel.kernel.dtype, case.seed + 2);
     let scale = 1.0 / (d as f32).sqrt();
     let out =
         forward(kernel, &q, &k, &v, strides(q_shape, case.strided), scale).unwrap_or_else(|e| panic!("{case:?}\n{e}"));
-    let reference = Reference::new(&q, &k, &v, kernel.dtype, kernel.causal, f64::from(scale));
-    let errors = reference.compare(&out, kernel.dtype).unwrap_or_else(|e| panic!("{case:?}\n{e}"));
-    assert!(errors.within(kernel.dtype), "{case:?}\n{}", errors.describe(kernel.dtype));
+    let reference = Reference::new(
+        &q,
+        &k,
+        &v,
+        kernel.kernel.dtype,
+        kernel.kernel.variant == flash_attn_abi::kernels::Variant::Causal,
+        f64::from(scale),
+    );
+    let errors = reference.compare(&out, kernel.kernel.dtype).unwrap_or_else(|e| panic!("{case:?}\n{e}"));
+    assert!(errors.within(kernel.kernel.dtype), "{case:?}\n{}", errors.describe(kernel.kernel.dtype));
 }
 
 #[test]
 fn every_kernel_on_ragged_unequal_grouped_and_strided_problems() {
     for (i, k) in KERNELS.iter().enumerate() {
         let case = |batch, seqlen_q, seqlen_k, heads_q, heads_kv, strided| Case {
-            kernel: k.name,
+            kernel: k.kernel.name,
             batch,
             seqlen_q,
             seqlen_k,
@@ -76,28 +84,35 @@ fn every_kernel_on_ragged_unequal_grouped_and_strided_problems() {
 /// Runs every f16 kernel on 300 keys scaled by `factor(key)` (scaled
 /// scores spanning tens of log2 units), against the reference.
 fn check_with_key_factors(factor: impl Fn(usize, usize) -> f64) {
-    for k in KERNELS.iter().filter(|k| k.dtype == flash_attn_kernels::entry::DType::F16) {
-        let d = k.config.head_dim as usize;
+    for k in KERNELS.iter().filter(|k| k.kernel.dtype == flash_attn_kernels::emulated::Dtype::F16) {
+        let d = k.kernel.config.head_dim as usize;
         let (seqlen_q, seqlen_k) = (40, 300);
         let q_shape = [1, seqlen_q, 2, d];
         let kv_shape = [1, seqlen_k, 1, d];
-        let q = Tensor::random(q_shape, Tensor::contiguous_strides(q_shape), k.dtype, 7);
-        let mut keys = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.dtype, 8);
-        let v = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.dtype, 9);
+        let q = Tensor::random(q_shape, Tensor::contiguous_strides(q_shape), k.kernel.dtype, 7);
+        let mut keys = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.kernel.dtype, 8);
+        let v = Tensor::random(kv_shape, Tensor::contiguous_strides(kv_shape), k.kernel.dtype, 9);
         for key in 0..seqlen_k {
             let factor = factor(key, seqlen_k);
             for c in 0..d {
                 let at = keys.index([0, key, 0, c]);
-                let x = k.dtype.to_f64(keys.data()[at]) * factor;
-                keys.data_mut()[at] = k.dtype.from_f64(x);
+                let x = k.kernel.dtype.to_f64(keys.data()[at]) * factor;
+                keys.data_mut()[at] = k.kernel.dtype.bits_of(x);
             }
         }
         let scale = 1.0 / (d as f32).sqrt();
         let strides = Tensor::contiguous_strides(q_shape);
-        let out = forward(k, &q, &keys, &v, strides, scale).unwrap_or_else(|e| panic!("{}\n{e}", k.name));
-        let reference = Reference::new(&q, &keys, &v, k.dtype, k.causal, f64::from(scale));
-        let errors = reference.compare(&out, k.dtype).unwrap_or_else(|e| panic!("{}\n{e}", k.name));
-        assert!(errors.within(k.dtype), "{}\n{}", k.name, errors.describe(k.dtype));
+        let out = forward(k, &q, &keys, &v, strides, scale).unwrap_or_else(|e| panic!("{}\n{e}", k.kernel.name));
+        let reference = Reference::new(
+            &q,
+            &keys,
+            &v,
+            k.kernel.dtype,
+            k.kernel.variant == flash_attn_abi::kernels::Variant::Causal,
+            f64::from(scale),
+        );
+        let errors = reference.compare(&out, k.kernel.dtype).unwrap_or_else(|e| panic!("{}\n{e}", k.kernel.name));
+        assert!(errors.within(k.kernel.dtype), "{}\n{}", k.kernel.name, errors.describe(k.kernel.dtype));
     }
 }
 
@@ -123,7 +138,7 @@ fn every_f16_kernel_with_row_maxes_rising_within_blocks() {
 fn cases() -> impl Strategy<Value = Case> {
     (0..KERNELS.len(), 1..=2usize, 1..=130usize, 1..=130usize, 1..=2usize, 1..=3usize, any::<bool>(), any::<u64>())
         .prop_map(|(k, batch, seqlen_q, seqlen_k, heads_kv, group, strided, seed)| Case {
-            kernel: KERNELS[k].name,
+            kernel: KERNELS[k].kernel.name,
             batch,
             seqlen_q,
             seqlen_k,

@@ -29,7 +29,7 @@ fn attention_kernel_reading_past_a_short_buffer_is_reported_with_the_address() {
     let kernel = kernel("flash_fwd_d64_f16_full").unwrap();
     let shape = [1, 70, 1, 64];
     let strides = Tensor::contiguous_strides(shape);
-    let [q, k, v] = [1, 2, 3].map(|seed| Tensor::random(shape, strides, kernel.dtype, seed));
+    let [q, k, v] = [1, 2, 3].map(|seed| Tensor::random(shape, strides, kernel.kernel.dtype, seed));
     let mut o = Tensor::filled(shape, strides, POISON);
     let mut lse = vec![0f32; 70];
     let params = forward_params(&q, &k, &v, &mut o, &mut lse, 0.125);

@@ -4,8 +4,10 @@
 //! causal masking, softcap, ALiBi, split-KV with its combine kernel, and the
 //! decode tile config.
 
+use flash_attn_kernels::emulated::Dtype;
+use flash_attn_kernels::emulated::DtypeValues;
 use flash_attn_kernels::emulated::{append_kv, forward_general, Features, Output, Tensor, POISON};
-use flash_attn_kernels::entry::{kernel, DType, HostKernel};
+use flash_attn_kernels::entry::{kernel, HostKernel};
 use flash_attn_kernels::reference::{self, ReferenceProblem};
 
 /// Where each batch's keys live.
@@ -79,7 +81,7 @@ struct Storage {
 }
 
 impl Storage {
-    fn gather(&self, b: usize, heads: usize, d: usize, dtype: DType) -> Vec<f64> {
+    fn gather(&self, b: usize, heads: usize, d: usize, dtype: Dtype) -> Vec<f64> {
         let mut out = Vec::new();
         for &[bb, s] in &self.rows[b] {
             for h in 0..heads {
@@ -103,7 +105,7 @@ fn row_positions(lengths: &[usize], packed: bool) -> Vec<Vec<[usize; 2]>> {
         .collect()
 }
 
-fn random(shape: [usize; 4], dtype: DType, seed: u64) -> Tensor {
+fn random(shape: [usize; 4], dtype: Dtype, seed: u64) -> Tensor {
     // Never empty: a tensor of zero rows still needs an allocation.
     let shape = [shape[0].max(1), shape[1].max(1), shape[2], shape[3]];
     Tensor::random(shape, Tensor::contiguous_strides(shape), dtype, seed)
@@ -111,7 +113,7 @@ fn random(shape: [usize; 4], dtype: DType, seed: u64) -> Tensor {
 
 fn check(case: &Case) {
     let kernel: &HostKernel = kernel(case.kernel).unwrap();
-    let (dtype, d) = (kernel.dtype, kernel.config.head_dim as usize);
+    let (dtype, d) = (kernel.kernel.dtype, kernel.kernel.config.head_dim as usize);
     let batch = case.seqlens_q.len();
     let max_q = *case.seqlens_q.iter().max().unwrap();
     let (heads_q, heads_kv) = (case.heads_q, case.heads_kv);
@@ -193,7 +195,7 @@ fn compare(
     q: &Storage,
     k: &Storage,
     v: &Storage,
-    dtype: DType,
+    dtype: Dtype,
     d: usize,
     scale: f32,
     slopes: &[f32],
@@ -359,7 +361,7 @@ fn split_kv_merges_more_splits_than_a_warp_has_lanes() {
 
 #[test]
 fn append_writes_new_keys_after_the_cached_ones_then_attention_sees_them() {
-    let dtype = DType::F16;
+    let dtype = Dtype::F16;
     let (batch, heads_kv, d, new) = (2, 2, 64, 3);
     let cache_seqlens = [5i32, 64];
     let page_size = 64;

@@ -1,5 +1,5 @@
 //! The argument blocks of the kernels, shared byte for byte by the device
-//! crate and the host crate (which includes this file).
+//! crate and the host crate.
 //!
 //! [`ForwardParams`] drives every attention kernel. The dense kernels
 //! (`flash_fwd_*_full`, `*_causal`) read only its first part; the general
@@ -179,15 +179,10 @@ pub const MAX_SPLITS: u32 = 128;
 pub const COMBINE_WARPS: u32 = 4;
 pub const COMBINE_COLUMNS: u32 = 8;
 
-/// The combine kernel's grid x for `rows` merged rows of `head_dim`: one
-/// warp per (row, slice of [`COMBINE_COLUMNS`] columns).
-pub const fn combine_blocks(rows: u64, head_dim: u32) -> u64 {
-    (rows * (head_dim / COMBINE_COLUMNS) as u64).div_ceil(COMBINE_WARPS as u64)
-}
-
 /// The arguments of `flash_combine_{f16,bf16}`, which merges the split-KV
-/// partial outputs. Launch: 128 threads (four warps, each one row's slice of
-/// 8 columns), grid x = [`combine_blocks`], no dynamic shared memory.
+/// partial outputs. Launch: [`COMBINE_THREADS`](crate::kernels::COMBINE_THREADS)
+/// threads (each warp one row's slice of [`COMBINE_COLUMNS`] columns), grid x
+/// = [`combine_grid`](crate::kernels::combine_grid), no dynamic shared memory.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CombineParams {
@@ -237,8 +232,9 @@ impl CombineParams {
 
 /// The arguments of `kv_cache_append`, which copies new keys and values
 /// into a KV cache after each batch's `cache_seqlens[b]` cached ones (through
-/// the block table if paged). Launch: 128 threads, grid
-/// `(seqlen_new, heads_kv, batch)`, no dynamic shared memory.
+/// the block table if paged). Launch: [`APPEND_THREADS`](crate::kernels::APPEND_THREADS)
+/// threads, grid [`append_grid`](crate::kernels::append_grid), no dynamic
+/// shared memory.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AppendParams {

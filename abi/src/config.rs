@@ -1,6 +1,6 @@
-//! The static shape of each kernel instance: tile sizes per head dim. The
-//! host crate includes this file too, so launch geometry and shared-memory
-//! sizes come from the one definition the kernels were compiled with.
+//! The static shape of each kernel instance: tile sizes per head dim, from
+//! which the kernels are compiled and the host computes launch geometry and
+//! shared-memory sizes.
 
 /// Bytes of one shared-memory tile row of `head_dim` 16-bit elements: padded
 /// to a multiple of 128 bytes (8 chunks of 16), so that the XOR swizzle of

@@ -1,0 +1,16 @@
+//! The contract between the GPU kernels of `flash-attn` (Rust compiled to
+//! PTX by the `flash-attn-kernels` crate) and the host crate that launches
+//! them: one definition, compiled into both.
+//!
+//! - [`params`]: the kernels' argument blocks, byte for byte (`#[repr(C)]`).
+//! - [`config`]: each kernel's tile configuration: block sizes, warps,
+//!   pipeline stages, and the shared memory that follows from them.
+//! - [`kernels`]: the table of kernels (names, variants, configs) that the
+//!   device crate exports and the host loads, and their launch geometry.
+//!
+//! `no_std`, no dependencies: it builds for `nvptx64-nvidia-cuda` as for the host.
+#![no_std]
+
+pub mod config;
+pub mod kernels;
+pub mod params;
