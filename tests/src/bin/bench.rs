@@ -6,9 +6,13 @@
 //! Before the grid it times the mma.sync ceiling (`flash_attn_kernels::ceiling`:
 //! register-only m16n8k16 MMAs on every SM, also at 1 and 2 warps per
 //! scheduler) and reports each shape's fraction of it. Prefill and varlen
-//! calls are timed queued back to back (see `queued_median_ms`), after half
-//! a second of the same call back to back (`warm_up`): the clocks the GPU
-//! holds under that call's sustained load, as bench_torch.py times torch's.
+//! calls are timed hot (`hot::hot_time`), as bench_torch.py times the
+//! peers': inputs drawn first, then at least a second of the call back to
+//! back with no synchronization, then the timed calls queued right behind
+//! (their median): the clocks the GPU holds under that call's sustained
+//! load in a real loop. Beside each figure, the mean SM clock and board
+//! power over the timed calls (MHz/W), from NVML sampled by a thread
+//! (`nvml::Monitor`; `n/a`, and one line saying why, without NVML).
 //!
 //! With the standard grid, variable-length rows: d=64 and 128, f16, s=1024
 //! and 4096, every sequence packed at the same length through
@@ -33,15 +37,20 @@
 //!
 //! `bench [--out FILE] [--quick] [--reps N] [--head-dims D,D..] [--seqlens S,S..] [--layout bshd|bhsd]
 //! [--decode-only | --no-decode | --varlen-only] [--decode-batches B,B..]
-//! [--decode-caches C,C..] [--decode-splits N] [--non-causal] [--tokens N] [--heads H]`: prints tables and writes
-//! one JSON object per row to FILE (for scripts/bench_torch.py, which adds
-//! torch's figures and writes the tables as markdown). Head dims other than
+//! [--decode-caches C,C..] [--decode-splits N] [--non-causal] [--tokens N] [--heads H] [--dtypes f16,bf16]`:
+//! prints tables and writes one JSON object per row to FILE, after a first
+//! `"kind":"meta"` line (NVML's status, the GPU, the driver, the reps), for
+//! scripts/bench_torch.py, which adds the peers' figures (FlashAttention-2,
+//! cuDNN, FA4) and writes the tables as markdown. Head dims other than
 //! 64 and 128 use 2048 / d heads rounded down (hidden close to 2048).
-//! Choosing head dims or seqlens selects those prefill rows only (no
+//! Choosing head dims, seqlens or dtypes selects those prefill rows only (no
 //! variable-length or decode rows); `--varlen-only` runs the
 //! variable-length rows alone (for tuning the general kernels).
 //! `--decode-splits` overrides the split-KV heuristic (for tuning it).
-//! `--reps` sets the timed calls per row (default 30, 10 with `--quick`).
+//! `--reps` sets the timed calls per row (default 30, 10 with `--quick`;
+//! each row's warm-up is a second whatever the reps). `--dtypes` sets the
+//! prefill rows' element types (default f16,bf16). Unknown arguments are
+//! warned about and ignored.
 //! `--layout` sets the memory order of the prefill rows' q, k, v and o:
 //! `bshd` (the default, `[batch, seqlen, heads, d]`) or `bhsd`; the row
 //! says which, and bench_torch.py gives torch's kernels the same memory.
@@ -64,6 +73,12 @@ use flash_attn::{
     bf16, f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, SeqOffsets, Tensor, TensorMut, Workspace, PTX,
 };
 use flash_attn_tests::{normal, TestElement};
+
+#[path = "bench/hot.rs"]
+mod hot;
+#[path = "bench/nvml.rs"]
+mod nvml;
+use nvml::{Monitor, Nvml, Reading};
 
 /// batch * seqlen in the standard grid.
 const STANDARD_TOKENS: usize = 16384;
@@ -119,15 +134,53 @@ fn random_normal<T: TestElement + Send>(n: usize) -> Vec<T> {
     values
 }
 
-/// TFLOP/s of `shape` through the dense API, or with `varlen` through
+/// One row's figure: TFLOP/s, and the SM clock and power over its timed
+/// calls.
+struct Measured {
+    /// From the median call.
+    tflops: f64,
+    /// From the timed calls' total time / their count.
+    mean_tflops: f64,
+    reading: Reading,
+    /// GPU seconds of the call back to back before the timed calls, and
+    /// how many calls.
+    warm_up_s: f64,
+    warm_up_calls: usize,
+    /// Calls kept queued ahead of the GPU.
+    lookahead: usize,
+}
+
+impl Measured {
+    /// `,"<prefix>mhz":..,"<prefix>watts":..` and the timing's other
+    /// figures for the JSON rows (null where NVML gave nothing).
+    fn json_fields(&self, prefix: &str) -> String {
+        let number = |value: Option<f64>| value.map_or("null".to_string(), |v| format!("{v:.1}"));
+        format!(
+            ",\"{prefix}mhz\":{},\"{prefix}watts\":{},\"{prefix}nvml_samples\":{},\"{prefix}mean_tflops\":{:.3},\
+             \"{prefix}warm_up_s\":{:.3},\"{prefix}warm_up_calls\":{},\"{prefix}lookahead\":{}",
+            number(self.reading.mhz),
+            number(self.reading.watts),
+            self.reading.samples,
+            self.mean_tflops,
+            self.warm_up_s,
+            self.warm_up_calls,
+            self.lookahead
+        )
+    }
+}
+
+/// `shape` through the dense API, or with `varlen` through
 /// `forward_varlen_into` with every sequence of the batch packed at the
-/// same length (the general kernels on the same work).
+/// same length (the general kernels on the same work), timed hot
+/// ([`hot::hot_time`]): inputs drawn first, then at least a second of the
+/// call back to back, then the timed calls right behind.
 fn time_shape<T: TestElement + Send>(
     attention: &FlashAttention,
+    monitor: &Monitor,
     shape: &Shape,
     varlen: bool,
     reps: usize,
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<Measured, Box<dyn std::error::Error>> {
     let (batch, heads) = (shape.batch(), shape.heads());
     let dims = [batch, shape.seqlen, heads, shape.head_dim];
     let n: usize = dims.iter().product();
@@ -164,11 +217,17 @@ fn time_shape<T: TestElement + Send>(
         };
         Ok(())
     };
-    warm_up(&stream, &mut run)?;
-    let median_ms = queued_median_ms(&stream, reps, run)?;
+    let timing = hot::hot_time(&hot::CudaTimeline(&stream), &hot::HOT, reps, &mut run, &mut || monitor.sample_now())?;
     let flops = 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
         / if shape.causal { 2.0 } else { 1.0 };
-    Ok(flops / (median_ms * 1e-3) / 1e12)
+    Ok(Measured {
+        tflops: flops / (timing.median_ms * 1e-3) / 1e12,
+        mean_tflops: flops / (timing.mean_ms * 1e-3) / 1e12,
+        reading: monitor.mean(timing.window),
+        warm_up_s: timing.warm_up_ms * 1e-3,
+        warm_up_calls: timing.warm_up_calls,
+        lookahead: timing.lookahead,
+    })
 }
 
 /// TFLOP/s of the `mma_ceiling` kernel (`ceiling`) with `blocks_per_sm`
@@ -239,58 +298,6 @@ fn median_ms(
         stop.synchronize()?;
         times.push(stop.elapsed_time_f32(&start)? as f64);
     }
-    Ok(median(times))
-}
-
-/// Seconds each prefill and varlen row runs its call back to back before
-/// the timed calls (bench_torch.py does the same for torch's kernels).
-const WARM_UP_SECONDS: f64 = 0.5;
-
-/// Runs `run` back to back for [`WARM_UP_SECONDS`], so that the timed calls
-/// see the clocks the GPU holds under this call's sustained load, whatever
-/// ran before. A call of the grid draws enough power to bring the clocks
-/// down within some 100 ms (TUNING.md step 37): timed from a rested GPU,
-/// short rows would report boost clocks and long ones the sustained ones,
-/// and each side's figures would depend on what the GPU did just before.
-fn warm_up(
-    stream: &Stream,
-    run: &mut impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let start = std::time::Instant::now();
-    while start.elapsed().as_secs_f64() < WARM_UP_SECONDS {
-        // A few calls at a time, so that the queue never runs far ahead.
-        for _ in 0..4 {
-            run()?;
-        }
-        stream.synchronize()?;
-    }
-    Ok(())
-}
-
-/// Median milliseconds per call of `reps` calls of `run` queued back to
-/// back on `stream`, an event between each two and one synchronization at
-/// the end. A first, untimed call keeps the GPU busy while the rest are
-/// queued, so each call's time is the GPU's alone, as in a training or
-/// inference loop: the host's time to queue it hides behind the call
-/// before. ([`median_ms`] synchronizes before each call, so its time also
-/// holds the host's queueing of that call: ours 3-7 us, torch's SDPA more.)
-fn queued_median_ms(
-    stream: &Stream,
-    reps: usize,
-    mut run: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
-) -> Result<f64, Box<dyn std::error::Error>> {
-    let events = (0..=reps).map(|_| Event::new(EventFlags::DEFAULT)).collect::<Result<Vec<_>, _>>()?;
-    run()?;
-    events[0].record(stream)?;
-    for event in &events[1..] {
-        run()?;
-        event.record(stream)?;
-    }
-    events[reps].synchronize()?;
-    let times = events
-        .windows(2)
-        .map(|pair| pair[1].elapsed_time_f32(&pair[0]).map(f64::from))
-        .collect::<Result<Vec<_>, _>>()?;
     Ok(median(times))
 }
 
@@ -467,8 +474,9 @@ fn decode_rows(
     Ok(rows)
 }
 
-/// The prefill rows a run times: every head dim x mask x seqlen, in f16 and bf16.
+/// The prefill rows a run times: every dtype x head dim x mask x seqlen.
 struct PrefillGrid<'a> {
+    dtypes: &'a [&'static str],
     head_dims: &'a [usize],
     seqlens: &'a [usize],
     masks: &'a [bool],
@@ -482,11 +490,12 @@ struct PrefillGrid<'a> {
 /// Times the prefill grid, printing a row per shape and writing its JSON.
 fn prefill_rows(
     attention: &FlashAttention,
+    monitor: &Monitor,
     grid: &PrefillGrid,
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let PrefillGrid { head_dims, seqlens, masks, heads_major, tokens, heads } = *grid;
+    let PrefillGrid { dtypes, head_dims, seqlens, masks, heads_major, tokens, heads } = *grid;
     let module = Module::from_ptx(PTX, &[])?;
     let ceiling_kernel = module.get_function("mma_ceiling")?;
     let sms = CurrentContext::get_device()?.get_attribute(DeviceAttribute::MultiprocessorCount)? as u32;
@@ -495,29 +504,34 @@ fn prefill_rows(
     println!("mma.sync m16n8k16 f16 ceiling (registers only, this GPU): {ceiling:.1} TFLOP/s");
     let (one, two) = (ceiling_at(1, 4)?, ceiling_at(2, 4)?);
     println!("  with 1 / 2 warps per scheduler (4 / 8 per SM): {one:.1} / {two:.1} TFLOP/s");
-    println!("{:<6} {:>4} {:>7} {:>6} {:>10} {:>10}", "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling");
-    for dtype in ["f16", "bf16"] {
+    println!(
+        "{:<6} {:>4} {:>7} {:>6} {:>10} {:>9} {:>10} {:>8}",
+        "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling", "MHz/W", "warm-up"
+    );
+    for &dtype in dtypes {
         for &head_dim in head_dims {
             for &causal in masks {
                 for &seqlen in seqlens {
                     let shape = Shape { seqlen, head_dim, causal, dtype, heads_major, tokens, heads };
-                    let tflops = match dtype {
-                        "f16" => time_shape::<f16>(attention, &shape, false, reps)?,
-                        _ => time_shape::<bf16>(attention, &shape, false, reps)?,
+                    let measured = match dtype {
+                        "f16" => time_shape::<f16>(attention, monitor, &shape, false, reps)?,
+                        _ => time_shape::<bf16>(attention, monitor, &shape, false, reps)?,
                     };
                     println!(
-                        "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>9.0}%",
+                        "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>8.0}% {:>10} {:>7.2}s",
                         dtype,
                         head_dim,
                         causal,
                         seqlen,
-                        tflops,
-                        100.0 * tflops / ceiling
+                        measured.tflops,
+                        100.0 * measured.tflops / ceiling,
+                        measured.reading.label(),
+                        measured.warm_up_s
                     );
                     if let Some(f) = out.as_mut() {
                         writeln!(
                             f,
-                            "{{\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}}}",
+                            "{{\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}{}}}",
                             shape.dtype,
                             if heads_major { "bhsd" } else { "bshd" },
                             head_dim,
@@ -525,8 +539,9 @@ fn prefill_rows(
                             seqlen,
                             shape.batch(),
                             shape.heads(),
-                            tflops,
-                            ceiling
+                            measured.tflops,
+                            ceiling,
+                            measured.json_fields("")
                         )?;
                     }
                 }
@@ -546,13 +561,14 @@ const VARLEN_SEQLENS: [usize; 2] = [1024, 4096];
 /// in the same run.
 fn varlen_rows(
     attention: &FlashAttention,
+    monitor: &Monitor,
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     println!("variable lengths: f16, every sequence at seqlen, packed; general kernels beside the dense ones");
     println!(
-        "{:>4} {:>7} {:>6} {:>14} {:>14} {:>8}",
-        "d", "causal", "seqlen", "varlen TFLOP/s", "dense TFLOP/s", "ratio"
+        "{:>4} {:>7} {:>6} {:>14} {:>10} {:>14} {:>10} {:>8}",
+        "d", "causal", "seqlen", "varlen TFLOP/s", "MHz/W", "dense TFLOP/s", "MHz/W", "ratio"
     );
     for head_dim in VARLEN_HEAD_DIMS {
         for causal in [false, true] {
@@ -566,20 +582,29 @@ fn varlen_rows(
                     tokens: STANDARD_TOKENS,
                     heads: None,
                 };
-                let dense = time_shape::<f16>(attention, &shape, false, reps)?;
-                let varlen = time_shape::<f16>(attention, &shape, true, reps)?;
-                println!("{head_dim:>4} {causal:>7} {seqlen:>6} {varlen:>14.1} {dense:>14.1} {:>7.2}x", varlen / dense);
+                let dense = time_shape::<f16>(attention, monitor, &shape, false, reps)?;
+                let varlen = time_shape::<f16>(attention, monitor, &shape, true, reps)?;
+                println!(
+                    "{head_dim:>4} {causal:>7} {seqlen:>6} {:>14.1} {:>10} {:>14.1} {:>10} {:>7.2}x",
+                    varlen.tflops,
+                    varlen.reading.label(),
+                    dense.tflops,
+                    dense.reading.label(),
+                    varlen.tflops / dense.tflops
+                );
                 if let Some(f) = out.as_mut() {
                     writeln!(
                         f,
-                        "{{\"kind\":\"varlen\",\"dtype\":\"f16\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"dense_tflops\":{:.3}}}",
+                        "{{\"kind\":\"varlen\",\"dtype\":\"f16\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"dense_tflops\":{:.3}{}{}}}",
                         head_dim,
                         causal,
                         seqlen,
                         shape.batch(),
                         shape.heads(),
-                        varlen,
-                        dense
+                        varlen.tflops,
+                        dense.tflops,
+                        varlen.json_fields(""),
+                        dense.json_fields("dense_")
                     )?;
                 }
             }
@@ -588,83 +613,245 @@ fn varlen_rows(
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let out_path = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
+/// `value` as a JSON string literal.
+fn json_string(value: &str) -> String {
+    let mut quoted = String::from("\"");
+    for c in value.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            c if (c as u32) < 0x20 => quoted.push_str(&format!("\\u{:04x}", c as u32)),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// The CUDA device's PCI bus id as NVML spells it (`00000000:3B:00.0`).
+fn pci_bus_id() -> Result<String, Box<dyn std::error::Error>> {
+    let device = CurrentContext::get_device()?;
+    let attribute = |a| device.get_attribute(a);
+    Ok(format!(
+        "{:08X}:{:02X}:{:02X}.0",
+        attribute(DeviceAttribute::PciDomainId)?,
+        attribute(DeviceAttribute::PciBusId)?,
+        attribute(DeviceAttribute::PciDeviceId)?
+    ))
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+struct Options {
+    out_path: Option<String>,
+    quick: bool,
+    decode_only: bool,
+    varlen_only: bool,
+    heads_major: bool,
+    dtypes: Vec<&'static str>,
+    head_dims: Option<Vec<usize>>,
+    seqlens: Option<Vec<usize>>,
+    non_causal: bool,
+    tokens: Option<usize>,
+    heads: Option<usize>,
+    reps: usize,
+    decode_batches: Option<Vec<usize>>,
+    decode_caches: Option<Vec<usize>>,
+    decode_splits: Option<usize>,
+    /// The standard grid's shapes (which bring the variable-length rows).
+    standard_grid: bool,
+    /// Whether the decode rows run.
+    decode: bool,
+    /// Arguments no option takes (warned about, then ignored).
+    unknown: Vec<String>,
+}
+
+/// Flags without a value, then flags with one.
+const SWITCHES: [&str; 5] = ["--quick", "--decode-only", "--no-decode", "--varlen-only", "--non-causal"];
+const VALUED: [&str; 11] = [
+    "--out",
+    "--reps",
+    "--head-dims",
+    "--seqlens",
+    "--layout",
+    "--dtypes",
+    "--decode-batches",
+    "--decode-caches",
+    "--decode-splits",
+    "--tokens",
+    "--heads",
+];
+
+/// Reads the command line (`args` without the program's name).
+fn parse_args(args: &[String]) -> Result<Options, String> {
+    let mut unknown = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        if VALUED.contains(&arg) {
+            if args.get(i + 1).is_none_or(|v| v.starts_with("--")) {
+                return Err(format!("{arg} needs a value"));
+            }
+            i += 2;
+        } else {
+            if !SWITCHES.contains(&arg) {
+                unknown.push(arg.to_string());
+            }
+            i += 1;
+        }
+    }
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(String::as_str);
     let flag = |name: &str| args.iter().any(|a| a == name);
-    let (quick, decode_only, no_decode) = (flag("--quick"), flag("--decode-only"), flag("--no-decode"));
-    let varlen_only = flag("--varlen-only");
-    let heads_major = match args.iter().position(|a| a == "--layout").map(|i| args.get(i + 1).map(String::as_str)) {
-        None | Some(Some("bshd")) => false,
-        Some(Some("bhsd")) => true,
-        Some(other) => return Err(format!("--layout takes bshd or bhsd, not {other:?}").into()),
-    };
-    let list = |flag: &str| -> Option<Vec<usize>> {
-        let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
-        Some(value.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v}"))).collect())
+    let list = |flag: &str| -> Result<Option<Vec<usize>>, String> {
+        let Some(v) = value(flag) else { return Ok(None) };
+        v.split(',')
+            .map(|n| n.parse().map_err(|_| format!("{flag}: not a number: {n:?}")))
+            .collect::<Result<_, _>>()
+            .map(Some)
     };
     // A flag that takes one number > 0, where given.
-    let positive = |flag: &str| match list(flag).as_deref() {
+    let positive = |flag: &str| match list(flag)?.as_deref() {
         None => Ok(None),
         Some(&[n]) if n > 0 => Ok(Some(n)),
         Some(_) => Err(format!("{flag} takes one number > 0")),
     };
-    let head_dim_list = list("--head-dims");
-    let seqlen_list = list("--seqlens");
+    let (quick, decode_only, no_decode) = (flag("--quick"), flag("--decode-only"), flag("--no-decode"));
+    let varlen_only = flag("--varlen-only");
+    let heads_major = match value("--layout") {
+        None | Some("bshd") => false,
+        Some("bhsd") => true,
+        Some(other) => return Err(format!("--layout takes bshd or bhsd, not {other:?}")),
+    };
+    let dtypes = match value("--dtypes") {
+        None => vec!["f16", "bf16"],
+        Some(v) => v
+            .split(',')
+            .map(|d| match d {
+                "f16" => Ok("f16"),
+                "bf16" => Ok("bf16"),
+                other => Err(format!("--dtypes takes f16 and/or bf16, not {other:?}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let head_dims = list("--head-dims")?;
+    let seqlens = list("--seqlens")?;
     let tokens = positive("--tokens")?;
     let heads = positive("--heads")?;
     let reps = positive("--reps")?.unwrap_or(if quick { 10 } else { 30 });
     let off_grid = tokens.is_some() || heads.is_some();
     // The variable-length rows come with the standard grid only.
-    let standard_grid = head_dim_list.is_none() && seqlen_list.is_none() && !off_grid;
+    let standard_grid = head_dims.is_none() && seqlens.is_none() && !off_grid && value("--dtypes").is_none();
     if decode_only && no_decode {
         return Err("--decode-only and --no-decode exclude each other".into());
     }
     if varlen_only && (decode_only || !standard_grid) {
-        return Err("--varlen-only excludes --decode-only, --head-dims, --seqlens, --tokens and --heads".into());
+        return Err(
+            "--varlen-only excludes --decode-only, --head-dims, --seqlens, --dtypes, --tokens and --heads".into()
+        );
     }
     if decode_only && off_grid {
         return Err("--tokens and --heads shape prefill rows; --decode-only runs none".into());
     }
-    // Choosing prefill shapes asks for prefill rows only.
-    let decode = decode_only || !(varlen_only || no_decode || !standard_grid);
+    let decode_splits = match list("--decode-splits")?.as_deref() {
+        None => None,
+        Some(&[splits]) => Some(splits),
+        Some(_) => return Err("--decode-splits takes one number".into()),
+    };
+    Ok(Options {
+        out_path: value("--out").map(str::to_string),
+        quick,
+        decode_only,
+        varlen_only,
+        heads_major,
+        dtypes,
+        head_dims,
+        seqlens,
+        non_causal: flag("--non-causal"),
+        tokens,
+        heads,
+        reps,
+        decode_batches: list("--decode-batches")?,
+        decode_caches: list("--decode-caches")?,
+        decode_splits,
+        standard_grid,
+        // Choosing prefill shapes asks for prefill rows only.
+        decode: decode_only || !(varlen_only || no_decode || !standard_grid),
+        unknown,
+    })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = parse_args(&args)?;
+    for arg in &options.unknown {
+        eprintln!("bench: WARNING: ignoring unknown argument {arg:?}");
+    }
+    let reps = options.reps;
     let _context =
         flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
     let attention = FlashAttention::new()?;
-    let mut out = match &out_path {
+    // Clock and power beside every prefill and varlen row; without NVML the
+    // rows say n/a and this line says why.
+    let monitor = Monitor::start(match pci_bus_id() {
+        Ok(id) => Nvml::open(Some(&id)),
+        Err(e) => Nvml::open(None).map_err(|nvml| format!("{nvml} (and no PCI bus id from CUDA: {e})")),
+    });
+    println!("{}", monitor.status);
+    println!(
+        "timing: each row after >= {:.1} s of its call back to back, then {reps} calls queued right behind \
+         (median); MHz/W: NVML SM clock and board power over the timed calls",
+        hot::HOT.warm_up_ms / 1e3
+    );
+    let mut out = match &options.out_path {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
     };
-    if varlen_only {
-        varlen_rows(&attention, reps, &mut out)?;
-    } else if !decode_only {
-        let head_dims = head_dim_list.unwrap_or(vec![64, 128]);
-        let seqlens =
-            seqlen_list.unwrap_or(if quick { vec![1024, 4096] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
-        let masks: &[bool] = if flag("--non-causal") { &[false] } else { &[false, true] };
-        let tokens = tokens.unwrap_or(STANDARD_TOKENS);
-        let grid = PrefillGrid { head_dims: &head_dims, seqlens: &seqlens, masks, heads_major, tokens, heads };
-        prefill_rows(&attention, &grid, reps, &mut out)?;
-        if standard_grid {
-            varlen_rows(&attention, reps, &mut out)?;
+    if let Some(f) = out.as_mut() {
+        let (gpu, driver) = monitor.device().unwrap_or(("", ""));
+        writeln!(
+            f,
+            "{{\"kind\":\"meta\",\"nvml\":{},\"gpu\":{},\"driver\":{},\"warm_up_s\":{:.3},\"reps\":{reps}}}",
+            json_string(if monitor.available() { "ok" } else { &monitor.status }),
+            json_string(gpu),
+            json_string(driver),
+            hot::HOT.warm_up_ms / 1e3
+        )?;
+    }
+    if options.varlen_only {
+        varlen_rows(&attention, &monitor, reps, &mut out)?;
+    } else if !options.decode_only {
+        let head_dims = options.head_dims.clone().unwrap_or(vec![64, 128]);
+        let seqlens = options.seqlens.clone().unwrap_or(if options.quick {
+            vec![1024, 4096]
+        } else {
+            vec![512, 1024, 2048, 4096, 8192, 16384]
+        });
+        let masks: &[bool] = if options.non_causal { &[false] } else { &[false, true] };
+        let grid = PrefillGrid {
+            dtypes: &options.dtypes,
+            head_dims: &head_dims,
+            seqlens: &seqlens,
+            masks,
+            heads_major: options.heads_major,
+            tokens: options.tokens.unwrap_or(STANDARD_TOKENS),
+            heads: options.heads,
+        };
+        prefill_rows(&attention, &monitor, &grid, reps, &mut out)?;
+        if options.standard_grid {
+            varlen_rows(&attention, &monitor, reps, &mut out)?;
         }
     }
-    if decode {
+    if options.decode {
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
         let copy = copy_bandwidth(&stream)?;
-        let (batches, caches) = if quick {
+        let (batches, caches) = if options.quick {
             (vec![1, 16], vec![4096, 16384])
         } else {
             (vec![1, 4, 16, 64], vec![1024, 4096, 8192, 16384, 65536])
         };
-        let batches = list("--decode-batches").unwrap_or(batches);
-        let caches = list("--decode-caches").unwrap_or(caches);
-        let num_splits = match list("--decode-splits").as_deref() {
-            None => None,
-            Some(&[splits]) => Some(splits),
-            Some(_) => return Err("--decode-splits takes one number".into()),
-        };
-        let rows = decode_rows(&attention, &batches, &caches, num_splits, reps, &stream)?;
+        let batches = options.decode_batches.clone().unwrap_or(batches);
+        let caches = options.decode_caches.clone().unwrap_or(caches);
+        let rows = decode_rows(&attention, &batches, &caches, options.decode_splits, reps, &stream)?;
         let (heads_q, heads_kv) = DECODE_HEADS;
         println!(
             "decode: f16, seqlen_q 1, heads {heads_q}:{heads_kv}, d {DECODE_HEAD_DIM}, causal; \
@@ -712,4 +899,95 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Options, String> {
+        parse_args(&line.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults_are_the_standard_grid_with_varlen_and_decode() {
+        let o = parse("").unwrap();
+        assert!(o.standard_grid && o.decode && !o.quick && !o.varlen_only && !o.non_causal && !o.heads_major);
+        assert_eq!(o.reps, 30);
+        assert_eq!(o.dtypes, ["f16", "bf16"]);
+        assert!(o.unknown.is_empty() && o.out_path.is_none());
+        let o = parse("--quick --out x.jsonl").unwrap();
+        assert_eq!((o.reps, o.quick, o.out_path.as_deref()), (10, true, Some("x.jsonl")));
+        assert!(o.standard_grid && o.decode);
+    }
+
+    #[test]
+    fn choosing_prefill_shapes_selects_prefill_rows_only() {
+        for line in
+            ["--head-dims 32,96 --seqlens 1024,4096", "--dtypes f16", "--tokens 32768", "--heads 8", "--seqlens 512"]
+        {
+            let o = parse(line).unwrap();
+            assert!(!o.standard_grid && !o.decode, "{line}");
+        }
+        let o = parse("--head-dims 32,96,160 --seqlens 1024,4096 --dtypes f16 --out o.jsonl").unwrap();
+        assert_eq!(o.head_dims, Some(vec![32, 96, 160]));
+        assert_eq!(o.seqlens, Some(vec![1024, 4096]));
+        assert_eq!(o.dtypes, ["f16"]);
+        assert_eq!(parse("--dtypes bf16,f16").unwrap().dtypes, ["bf16", "f16"]);
+        assert!(parse("--no-decode").unwrap().standard_grid);
+        assert!(!parse("--no-decode").unwrap().decode);
+        assert!(parse("--decode-only --decode-batches 1,4 --decode-caches 4096 --decode-splits 3").unwrap().decode);
+        let o = parse("--decode-only --decode-batches 1,4 --decode-caches 4096 --decode-splits 3").unwrap();
+        assert_eq!((o.decode_batches, o.decode_caches, o.decode_splits), (Some(vec![1, 4]), Some(vec![4096]), Some(3)));
+        let o = parse("--varlen-only --reps 5 --layout bhsd --non-causal").unwrap();
+        assert!(o.varlen_only && !o.decode && o.heads_major && o.non_causal);
+        assert_eq!(o.reps, 5);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors_and_unknown_ones_are_kept_for_a_warning() {
+        for (line, error) in [
+            ("--reps 0", "--reps takes one number > 0"),
+            ("--reps 2,3", "--reps takes one number > 0"),
+            ("--reps", "--reps needs a value"),
+            ("--out --quick", "--out needs a value"),
+            ("--seqlens 1k", "--seqlens: not a number: \"1k\""),
+            ("--layout bsdh", "--layout takes bshd or bhsd"),
+            ("--dtypes f32", "--dtypes takes f16 and/or bf16"),
+            ("--decode-only --no-decode", "exclude each other"),
+            ("--varlen-only --head-dims 64", "--varlen-only excludes"),
+            ("--decode-only --tokens 4096", "--decode-only runs none"),
+            ("--decode-splits 2,3", "--decode-splits takes one number"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert!(e.contains(error), "{line}: {e}");
+        }
+        let o = parse("--quik --persistent never").unwrap();
+        assert_eq!(o.unknown, ["--quik", "--persistent", "never"]);
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_string("NVIDIA H100 80GB HBM3"), "\"NVIDIA H100 80GB HBM3\"");
+        assert_eq!(json_string("a \"b\" \\ c\nd"), "\"a \\\"b\\\" \\\\ c\\u000ad\"");
+    }
+
+    #[test]
+    fn measured_json_fields() {
+        let mut m = Measured {
+            tflops: 300.0,
+            mean_tflops: 299.5,
+            reading: Reading { mhz: Some(1837.25), watts: Some(478.0), samples: 7 },
+            warm_up_s: 1.0123,
+            warm_up_calls: 400,
+            lookahead: 9,
+        };
+        assert_eq!(
+            m.json_fields("dense_"),
+            ",\"dense_mhz\":1837.2,\"dense_watts\":478.0,\"dense_nvml_samples\":7,\"dense_mean_tflops\":299.500,\
+             \"dense_warm_up_s\":1.012,\"dense_warm_up_calls\":400,\"dense_lookahead\":9"
+        );
+        m.reading = Reading::default();
+        assert!(m.json_fields("").starts_with(",\"mhz\":null,\"watts\":null,\"nvml_samples\":0,"));
+    }
 }
