@@ -85,19 +85,47 @@ sanitizers="clean"
 [ "$sanitizers_failed" = 0 ] || sanitizers="FAILED ($sanitizers_failed of $sanitizer_runs runs)"
 
 echo "== benchmark"
+# Ours (bin/bench), then the peers (bench_torch.py: FlashAttention-2 and cuDNN
+# through torch's SDPA, FA4-sm90 where installed), every figure timed after
+# >= 1 s of its own call back to back, with NVML clock and power beside it.
+# About 6-7 minutes on an H100 (each row costs a second per implementation):
+# the standard grid (d 64 and 128, f16 and bf16, causal and not), its
+# variable-length and decode rows, and the other head dims in f16 at
+# $BENCH_OTHER_SEQLENS (default 4096; e.g. 1024,4096 for the README's rows, a
+# minute more). FA4: scripts/fa4-stage.sh installs it into /tmp/fa4-site
+# (or $FA4_SITE); without it the FA4 column reads missing.
+bench_start=$SECONDS
+fa4_site="${FA4_SITE:-/tmp/fa4-site}"
+if [ -d "$fa4_site/flash_attn/cute" ]; then
+  export PYTHONPATH="$fa4_site/nvidia_cutlass_dsl/dsl_packages:$fa4_site${PYTHONPATH:+:$PYTHONPATH}"
+  echo "FA4-sm90: from $fa4_site"
+else
+  echo "FA4-sm90: not installed (no $fa4_site/flash_attn/cute; scripts/fa4-stage.sh stages it): its column will read missing"
+fi
 bench_args=()
 [ "$quick_bench" = 1 ] && bench_args+=(--quick)
+other_args=(--head-dims 32,96,160,192,224,256 --dtypes "${BENCH_OTHER_DTYPES:-f16}" --seqlens "${BENCH_OTHER_SEQLENS:-4096}")
 bench="FAILED"
+rm -f "$results/ours.jsonl" "$results/other.jsonl" "$results/bench.md"
 if [ "$no_bench" = 1 ]; then
   bench="not run (--no-bench)"
-# The standard grid (d 64 and 128), then prefill rows for the other head dims.
-elif "$here/bin/bench" --out "$results/ours.jsonl" "${bench_args[@]}" && \
-   "$here/bin/bench" --out "$results/other.jsonl" --head-dims 32,96,160,192,224,256 --seqlens 1024,4096 && \
-   cat "$results/other.jsonl" >> "$results/ours.jsonl" && rm "$results/other.jsonl" && \
-   python3 "$here/bench_torch.py" "$results/ours.jsonl" --markdown "$results/bench.md" > "$results/bench_torch.log"; then
-  bench="done"
-  cat "$results/bench.md"
+elif ! "$here/bin/bench" --out "$results/ours.jsonl" "${bench_args[@]}"; then
+  echo "gpu-check: bench (the standard grid) FAILED"
+elif ! "$here/bin/bench" --out "$results/other.jsonl" "${other_args[@]}"; then
+  echo "gpu-check: bench (other head dims) FAILED"
+else
+  cat "$results/other.jsonl" >> "$results/ours.jsonl" && rm "$results/other.jsonl"
+  echo "== peers (bench_torch.py; log in bench_torch.log)"
+  if python3 "$here/bench_torch.py" "$results/ours.jsonl" --markdown "$results/bench.md" > "$results/bench_torch.log" 2>&1; then
+    bench="done"
+    grep "^bench_torch: " "$results/bench_torch.log" | head -40
+    cat "$results/bench.md"
+  else
+    echo "gpu-check: bench_torch.py FAILED; the end of its log:"
+    tail -30 "$results/bench_torch.log"
+  fi
 fi
+echo "benchmark: $((SECONDS - bench_start)) s"
 echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench"
 # Without the benchmark the check is not the full one: it exits 2 even if
 # everything that ran passed.
