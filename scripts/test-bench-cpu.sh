@@ -9,6 +9,7 @@
 #     of the GPU scripts.
 # usage: . scripts/setup.sh && bash scripts/test-bench-cpu.sh
 set -euo pipefail
+export PYTHONDONTWRITEBYTECODE=1
 root="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -40,7 +41,7 @@ mkdir -p "$work/lib" && cp "$work/libfake-nvml.so" "$work/lib/libnvidia-ml.so.1"
 cd "$root"
 FAKE_NVML="$work/libfake-nvml.so" cargo test --release -p flash-attn-tests --bin bench -- --nocapture 2>&1 \
   | grep -E "^test |test result|panicked|FAKE_NVML"
-python3 -m py_compile scripts/bench_torch.py scripts/test_bench_torch.py
+python3 -c "import sys; [compile(open(f).read(), f, \"exec\") for f in sys.argv[1:]]" scripts/bench_torch.py scripts/test_bench_torch.py
 python3 scripts/test_bench_torch.py
 # bench_torch.py's monitor through the real pynvml (nvidia-ml-py), where this python has it.
 if python3 -c "import pynvml" 2>/dev/null; then
