@@ -143,8 +143,8 @@ def hot_time(timeline, call, reps, edge=lambda: None, config=None):
         see_start()
     _wait(timeline, timed[0], deadline, see_start)
     _wait(timeline, timed[reps], deadline)
+    edge()  # its sample falls inside the window
     finished = timeline.now()
-    edge()
     times = sorted(timeline.ms(a, b) for a, b in zip(timed, timed[1:]))
     return {
         "median_ms": times[len(times) // 2],
@@ -448,7 +448,11 @@ def measure(label, shape, make, row_flops, reps, monitor, failures):
         with context:
             t = hot_time(TorchTimeline(), call, reps, monitor.sample_now)
         r = monitor.mean(t["window"])
-        return Result(row_flops / (t["median_ms"] * 1e-3) / 1e12, r.mhz, r.watts)
+        tflops = row_flops / (t["median_ms"] * 1e-3) / 1e12
+        print(f"  timing: {label} {shape}: {tflops:.1f} TFLOP/s (mean {row_flops / (t['mean_ms'] * 1e-3) / 1e12:.1f}), "
+              f"warm-up {t['warm_up_ms'] / 1e3:.2f} s ({t['warm_up_calls']} calls), look-ahead {t['lookahead']}, "
+              f"NVML samples {r.samples}", file=sys.stderr, flush=True)
+        return Result(tflops, r.mhz, r.watts)
     except Exception as e:
         reason = first_line(e)
         print(f"bench_torch: {label} failed on {shape}: {reason}", file=sys.stderr, flush=True)

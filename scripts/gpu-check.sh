@@ -118,7 +118,7 @@ else
   echo "== peers (bench_torch.py; log in bench_torch.log)"
   if python3 "$here/bench_torch.py" "$results/ours.jsonl" --markdown "$results/bench.md" > "$results/bench_torch.log" 2>&1; then
     bench="done"
-    grep "^bench_torch: " "$results/bench_torch.log" | head -40
+    grep -E "^bench_torch: (NVML|FA4-sm90|.* failed on )" "$results/bench_torch.log" | head -40
     cat "$results/bench.md"
   else
     echo "gpu-check: bench_torch.py FAILED; the end of its log:"

@@ -75,6 +75,8 @@ class HotTime(unittest.TestCase):
             edges = []
             t = bt.hot_time(gpu, gpu.call, 30, lambda: edges.append(gpu.t))
             self.assertEqual(len(edges), 2)
+            # The monitor samples at the edges: inside the window.
+            self.assertTrue(all(t["window"][0] <= e <= t["window"][1] for e in edges), (edges, t))
             self.assertEqual([g[2] for g in gpu.gaps], [0, 1, 2], (call_ms, gpu.gaps))
             self.assertAlmostEqual(t["median_ms"], call_ms, places=6)
             self.assertAlmostEqual(t["mean_ms"], call_ms, places=6)
@@ -343,6 +345,10 @@ class EndToEnd(unittest.TestCase):
                       "calls queued right behind", md[2])
         self.assertIn("bench_torch: NVML: Fake H100, driver 999.1", err)
         self.assertIn("bench_torch: FA4-sm90: flash_attn 4.0.0b36-fake", err)
+        timings = [line for line in err.splitlines() if line.startswith("  timing: ")]
+        self.assertEqual(len(timings), 3 + 1 + 1)  # d=128: all three; d=32: FA2; varlen: FA2
+        for line in timings:
+            self.assertGreaterEqual(int(line.rsplit("NVML samples ", 1)[1]), 2, line)
         self.assertIn("NVML for ours: ok; for the peers: NVML: Fake H100, driver 999.1", md[2])
         table = [line for line in md if line.startswith("| f16 |")]
         self.assertEqual(len(table), 2)

@@ -158,8 +158,9 @@ pub fn hot_time<T: Timeline>(
         wait(timeline, &timed[0], deadline, &mut see_start)?;
         wait(timeline, &timed[reps], deadline, &mut nothing)?;
     }
-    let finished = timeline.now();
+    // The sample at the end falls inside the window.
     edge();
+    let finished = timeline.now();
     let mut times = timed.windows(2).map(|pair| timeline.ms(&pair[0], &pair[1])).collect::<Result<Vec<_>, _>>()?;
     times.sort_by(f64::total_cmp);
     Ok(HotTiming {
@@ -282,10 +283,15 @@ mod tests {
         }
     }
 
+    /// The timing and the number of edge calls, each of which (where the
+    /// monitor samples) falls inside the window.
     fn time(gpu: &SimGpu, reps: usize) -> (HotTiming, usize) {
-        let mut edges = 0;
-        let timing = hot_time(gpu, &HOT, reps, &mut || gpu.call(), &mut || edges += 1).unwrap();
-        (timing, edges)
+        let mut edges = Vec::new();
+        let timing = hot_time(gpu, &HOT, reps, &mut || gpu.call(), &mut || edges.push(gpu.now.get())).unwrap();
+        for edge in &edges {
+            assert!(timing.window.0 <= *edge && *edge <= timing.window.1, "{edges:?} {timing:?}");
+        }
+        (timing, edges.len())
     }
 
     #[test]
