@@ -74,9 +74,7 @@ use flash_attn::{
 };
 use flash_attn_tests::{normal, TestElement};
 
-#[path = "bench/hot.rs"]
 mod hot;
-#[path = "bench/nvml.rs"]
 mod nvml;
 use nvml::{Monitor, Nvml, Reading};
 
