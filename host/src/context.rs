@@ -17,7 +17,7 @@ use cust::sys::{
 };
 
 use crate::error::{Error, Result};
-use crate::runtime::driver_call;
+use crate::module::driver_call;
 
 /// A counted reference on the context current when it was taken.
 #[derive(Clone)]

@@ -8,7 +8,7 @@ use cust::memory::DeviceBuffer;
 use crate::config::PAGE_MULTIPLE;
 use crate::error::{Error, Result};
 use crate::params::{AppendParams, ForwardParams};
-use crate::runtime::{Element, Tensor, TensorMut};
+use crate::tensor::{Element, Tensor, TensorMut};
 use crate::validate::{
     apply_features, bytes, check_aliasing, check_lse, check_output, check_problem, check_row_stride, check_tensor,
     forward_args, softmax_scale, tensor_arg, tensor_bytes, too_large, AttentionParams, Placed, Problem, MAX_SEQLEN,

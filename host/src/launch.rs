@@ -22,46 +22,11 @@ const MAX_GRID_X: usize = i32::MAX as usize;
 /// Alignment of each region of the scratch memory, in bytes.
 const SCRATCH_ALIGN: usize = 256;
 
-/// The kernels of one head dim and element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelVariant {
-    /// `flash_fwd_d{D}_{E}_full`: dense, no mask.
-    Full,
-    /// `flash_fwd_d{D}_{E}_causal`: dense, bottom-right causal mask.
-    Causal,
-    /// `flash_fwd_d{D}_{E}_general`: every feature at run time.
-    General,
-    /// `flash_fwd_d{D}_{E}_decode`: the general kernel with 16 query rows
-    /// per CTA, whose warps split the keys, for a few queries against many
-    /// keys.
-    Decode,
-}
+pub use flash_attn_abi::kernels::Variant as KernelVariant;
 
-impl KernelVariant {
-    /// Every variant, in the order of [`kernel_names`](crate::kernel_names).
-    pub const ALL: [KernelVariant; 4] =
-        [KernelVariant::Full, KernelVariant::Causal, KernelVariant::General, KernelVariant::Decode];
-
-    /// The variant's part of the kernel name.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            KernelVariant::Full => "full",
-            KernelVariant::Causal => "causal",
-            KernelVariant::General => "general",
-            KernelVariant::Decode => "decode",
-        }
-    }
-
-    /// The tile config the variant was compiled with for `head_dim`.
-    pub(crate) fn tile_config(self, head_dim: usize) -> Result<TileConfig> {
-        let config_of = match self {
-            KernelVariant::Full => config::tile_config,
-            KernelVariant::Causal => config::causal_tile_config,
-            KernelVariant::General => config::general_tile_config,
-            KernelVariant::Decode => config::decode_tile_config,
-        };
-        u32::try_from(head_dim).ok().and_then(config_of).ok_or(Error::UnsupportedHeadDim(head_dim))
-    }
+/// The tile config of `variant`'s kernels for `head_dim`.
+pub(crate) fn variant_config(variant: KernelVariant, head_dim: usize) -> Result<TileConfig> {
+    u32::try_from(head_dim).ok().and_then(|d| variant.tile_config(d)).ok_or(Error::UnsupportedHeadDim(head_dim))
 }
 
 /// How many CTAs to split the keys of each query block among, for a grid
@@ -212,9 +177,9 @@ pub(crate) fn plan(
     swap_gqa_decode(&mut args);
     let batch = args.batch as usize;
     let rows = args.seqlen_q as usize;
-    let decode_rows = KernelVariant::Decode.tile_config(head_dim)?.block_m as usize;
+    let decode_rows = variant_config(KernelVariant::Decode, head_dim)?.block_m as usize;
     let split_variant = if rows <= decode_rows { KernelVariant::Decode } else { KernelVariant::General };
-    let split_config = split_variant.tile_config(head_dim)?;
+    let split_config = variant_config(split_variant, head_dim)?;
     let heads_q = args.heads_q as usize;
     let num_splits = num_splits.unwrap_or_else(|| {
         let ctas = rows.div_ceil(split_config.block_m as usize) * heads_q * batch;
@@ -227,7 +192,7 @@ pub(crate) fn plan(
         (split_variant, split_config)
     } else {
         let dense = if args.window_right == 0 { KernelVariant::Causal } else { KernelVariant::Full };
-        (dense, dense.tile_config(head_dim)?)
+        (dense, variant_config(dense, head_dim)?)
     };
     let grid_x = rows.div_ceil(config.block_m as usize) * num_splits;
     if grid_x > MAX_GRID_X {

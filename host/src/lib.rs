@@ -51,26 +51,28 @@ mod context;
 mod error;
 mod kvcache;
 mod launch;
+mod module;
 #[path = "../../kernels/src/reference.rs"]
 pub mod reference;
 #[cfg(test)]
 mod reference_tests;
 mod runtime;
+mod tensor;
 mod validate;
 mod varlen;
 mod workspace;
 
 pub use cust;
 pub use error::{Error, Result};
+pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
 use flash_attn_abi::{config, params};
 pub use half::{bf16, f16};
 pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
 pub use launch::{num_splits_heuristic, KernelVariant, MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT};
+pub use module::{Kernel, KernelResources, PTX};
 pub use params::ForwardParams;
-pub use runtime::{
-    combine_kernel_name, kernel_name, kernel_names, Element, FlashAttention, KernelResources, Output, Tensor,
-    TensorMut, APPEND_KERNEL, PTX,
-};
+pub use runtime::{FlashAttention, Output};
+pub use tensor::{Element, Tensor, TensorMut};
 pub use validate::{
     validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, SUPPORTED_HEAD_DIMS,
 };

@@ -1,138 +1,22 @@
 //! Loading the embedded PTX and launching the kernels through `cust`.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::mem::ManuallyDrop;
 
-use cust::context::CurrentContext;
-use cust::device::DeviceAttribute;
-use cust::function::BlockSize;
-use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
-use cust::module::Module;
+use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
-use cust::sys::{CUfunction, CUfunction_attribute};
+use cust::sys::CUfunction;
+use flash_attn_abi::kernels::{attention_kernel, APPEND_THREADS, COMBINE_THREADS};
 
 use crate::context::ContextRef;
 use crate::error::{Error, Result};
 use crate::kvcache::{validate_kvcache, Append, KvCache};
 use crate::launch::{plan, KernelVariant, Plan};
+use crate::module::{driver_call, Kernel, KernelModule, KernelResources};
 use crate::params::{CombineParams, ForwardParams};
-use crate::validate::{validate, AttentionParams, Layout, Placed, Problem, SUPPORTED_HEAD_DIMS};
+use crate::tensor::{Element, Tensor, TensorMut};
+use crate::validate::{validate, AttentionParams, Layout, Placed, Problem};
 use crate::varlen::{validate_varlen, SeqOffsets};
 use crate::workspace::{Scratch, Workspace};
-
-/// The kernels' PTX, built from `kernels/` by `cargo xtask build-ptx`.
-pub const PTX: &str = include_str!("../kernels.ptx");
-
-/// The kernel that appends new keys and values to a KV cache.
-pub const APPEND_KERNEL: &str = "kv_cache_append";
-
-/// Threads of the append and split-KV merge kernels.
-const SMALL_KERNEL_THREADS: u32 = 128;
-
-/// The name of the attention kernel of one (head dim, element type, variant).
-pub fn kernel_name(head_dim: usize, element: &str, variant: KernelVariant) -> String {
-    format!("flash_fwd_d{head_dim}_{element}_{}", variant.suffix())
-}
-
-/// The name of the split-KV merge kernel of an element type.
-pub fn combine_kernel_name(element: &str) -> String {
-    format!("flash_combine_{element}")
-}
-
-/// The element type names in kernel names.
-const ELEMENT_NAMES: [&str; 2] = [half::f16::NAME, half::bf16::NAME];
-
-/// Every attention kernel in [`PTX`], as (head dim, element type name, variant).
-fn attention_kernels() -> impl Iterator<Item = (usize, &'static str, KernelVariant)> {
-    SUPPORTED_HEAD_DIMS.iter().flat_map(|&head_dim| {
-        ELEMENT_NAMES
-            .iter()
-            .flat_map(move |&element| KernelVariant::ALL.map(|variant| (head_dim as usize, element, variant)))
-    })
-}
-
-/// Every attention kernel in [`PTX`], with its head dim and variant.
-pub fn kernel_names() -> Vec<(usize, KernelVariant, String)> {
-    attention_kernels()
-        .map(|(head_dim, element, variant)| (head_dim, variant, kernel_name(head_dim, element, variant)))
-        .collect()
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
-}
-
-/// An element type the kernels take: [`f16`](half::f16) or [`bf16`](half::bf16).
-pub trait Element: DeviceCopy + sealed::Sealed {
-    /// The type's part of the kernel name.
-    const NAME: &'static str;
-}
-impl Element for half::f16 {
-    const NAME: &'static str = "f16";
-}
-impl Element for half::bf16 {
-    const NAME: &'static str = "bf16";
-}
-
-/// A read-only `[batch, seqlen, heads, head_dim]` view of a device buffer.
-#[derive(Clone, Copy)]
-pub struct Tensor<'a, T: Element> {
-    buffer: &'a DeviceSlice<T>,
-    layout: Layout,
-}
-
-impl<'a, T: Element> Tensor<'a, T> {
-    /// A densely packed tensor of `shape` at the start of `buffer`.
-    pub fn new(buffer: &'a DeviceSlice<T>, shape: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::contiguous(shape) }
-    }
-
-    /// A tensor with explicit strides, in elements.
-    pub fn strided(buffer: &'a DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::strided(shape, strides) }
-    }
-
-    /// The sequences of a variable-length batch packed one after another,
-    /// `[total_tokens, heads, head_dim]` contiguous, viewed as `[1,
-    /// total_tokens, heads, head_dim]` (see [`FlashAttention::forward_varlen`]).
-    pub fn packed(buffer: &'a DeviceSlice<T>, [total_tokens, heads, head_dim]: [usize; 3]) -> Self {
-        Self::new(buffer, [1, total_tokens, heads, head_dim])
-    }
-
-    pub(crate) fn placed(&self, name: &'static str) -> Placed {
-        Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
-    }
-}
-
-/// A writable `[batch, seqlen, heads, head_dim]` view of a device buffer.
-pub struct TensorMut<'a, T: Element> {
-    buffer: &'a mut DeviceSlice<T>,
-    layout: Layout,
-}
-
-impl<'a, T: Element> TensorMut<'a, T> {
-    /// A densely packed tensor of `shape` at the start of `buffer`.
-    pub fn new(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::contiguous(shape) }
-    }
-
-    /// A tensor with explicit strides, in elements.
-    pub fn strided(buffer: &'a mut DeviceSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
-        Self { buffer, layout: Layout::strided(shape, strides) }
-    }
-
-    /// A packed variable-length tensor, as [`Tensor::packed`].
-    pub fn packed(buffer: &'a mut DeviceSlice<T>, [total_tokens, heads, head_dim]: [usize; 3]) -> Self {
-        Self::new(buffer, [1, total_tokens, heads, head_dim])
-    }
-
-    pub(crate) fn placed(&self, name: &'static str) -> Placed {
-        Placed { name, layout: self.layout, addr: self.buffer.as_device_ptr().as_raw(), buffer_len: self.buffer.len() }
-    }
-}
 
 /// What the allocating attention calls return.
 pub struct Output<T: Element> {
@@ -167,15 +51,6 @@ fn lse_rows([batch, seqlen, heads, _]: [usize; 4]) -> Option<usize> {
     batch.checked_mul(heads)?.checked_mul(seqlen)
 }
 
-/// `Ok` for a driver call `call` that returned `status` success, else the error.
-pub(crate) fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
-    if status == cust::sys::cudaError_enum::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::DriverCall { call, code: status as u32 })
-    }
-}
-
 /// Copies `values` to device address `addr` on `stream`. From pageable host
 /// memory the driver stages the data before returning, so `values` may be
 /// dropped right after.
@@ -186,28 +61,6 @@ fn upload_async(addr: u64, values: &[i32], stream: &Stream) -> Result<()> {
     driver_call("cuMemcpyHtoDAsync", status)
 }
 
-/// An attention kernel of the module, looked up once when it is loaded, so
-/// that a call neither formats names nor asks the driver for functions.
-#[derive(Clone, Copy)]
-struct AttentionKernel {
-    function: CUfunction,
-    /// CTAs per SM at the kernel's launch geometry (the split heuristic's wave).
-    blocks_per_sm: usize,
-}
-
-/// One attention kernel as the driver compiled it for the current GPU
-/// ([`FlashAttention::kernel_resources`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelResources {
-    /// The PTX entry point, as [`kernel_name`] gives it.
-    pub name: String,
-    /// Registers per thread.
-    pub registers: u32,
-    /// Local memory per thread in bytes: spills and stack. Every attention
-    /// kernel is written to need none.
-    pub local_bytes: u32,
-}
-
 /// The kernels, loaded into the CUDA context current at [`FlashAttention::new`].
 ///
 /// It keeps that context alive (a reference on the device's primary
@@ -216,16 +69,7 @@ pub struct KernelResources {
 /// no reference count: destroy such a context only after everything this
 /// crate made in it.
 pub struct FlashAttention {
-    /// Owns the functions below, which live as long as it; unloaded in
-    /// `drop`, with `context` current.
-    module: ManuallyDrop<Module>,
-    context: ContextRef,
-    sm_count: usize,
-    /// By (head dim, element type name, variant).
-    attention: HashMap<(usize, &'static str, KernelVariant), AttentionKernel>,
-    /// The split-KV merge kernel, by element type name.
-    combine: HashMap<&'static str, CUfunction>,
-    append: CUfunction,
+    module: KernelModule,
 }
 
 /// Launches `function` with one argument block `args` on `stream`.
@@ -258,58 +102,18 @@ unsafe fn launch_kernel(
     driver_call("cuLaunchKernel", status)
 }
 
-impl Drop for FlashAttention {
-    fn drop(&mut self) {
-        // SAFETY: `module` is not used again; the functions looked up from
-        // it are dropped with `self`.
-        self.context.with_current(|| unsafe { ManuallyDrop::drop(&mut self.module) });
-    }
-}
-
 impl FlashAttention {
     /// Loads the kernels into the current context and reads the GPU's SM
     /// count and the kernels' occupancy (for the split-KV heuristic). Fails
-    /// with [`Error::UnsupportedDevice`] below compute capability 8.0.
+    /// with [`Error::UnsupportedDevice`] below compute capability 8.0 and
+    /// [`Error::NoContext`] when no context is current.
     pub fn new() -> Result<Self> {
-        let device = CurrentContext::get_device()?;
-        let major = device.get_attribute(DeviceAttribute::ComputeCapabilityMajor)?;
-        let minor = device.get_attribute(DeviceAttribute::ComputeCapabilityMinor)?;
-        if major < 8 {
-            return Err(Error::UnsupportedDevice { major, minor });
-        }
-        let sm_count = device.get_attribute(DeviceAttribute::MultiprocessorCount)?.max(1) as usize;
-        let context = ContextRef::current()?;
-        let module = Module::from_ptx(PTX, &[])?;
-        let mut attention = HashMap::new();
-        for (head_dim, element, variant) in attention_kernels() {
-            let config = variant.tile_config(head_dim)?;
-            let function = module.get_function(kernel_name(head_dim, element, variant))?;
-            // Allow more than the default 48 KiB of dynamic shared memory.
-            let status = unsafe {
-                cust::sys::cuFuncSetAttribute(
-                    function.to_raw(),
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    config.smem_bytes() as i32,
-                )
-            };
-            driver_call("cuFuncSetAttribute", status)?;
-            let blocks_per_sm = function
-                .max_active_blocks_per_multiprocessor(BlockSize::x(config.threads()), config.smem_bytes() as usize)?
-                as usize;
-            attention
-                .insert((head_dim, element, variant), AttentionKernel { function: function.to_raw(), blocks_per_sm });
-        }
-        let mut combine = HashMap::new();
-        for element in ELEMENT_NAMES {
-            combine.insert(element, module.get_function(combine_kernel_name(element))?.to_raw());
-        }
-        let append = module.get_function(APPEND_KERNEL)?.to_raw();
-        Ok(Self { module: ManuallyDrop::new(module), context, sm_count, attention, combine, append })
+        Ok(Self { module: KernelModule::load()? })
     }
 
     /// The GPU's number of streaming multiprocessors.
     pub fn sm_count(&self) -> usize {
-        self.sm_count
+        self.module.sm_count()
     }
 
     /// Every attention kernel as the driver compiled the PTX for this GPU,
@@ -329,25 +133,7 @@ impl FlashAttention {
     /// # }
     /// ```
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
-        let attribute = |function: CUfunction, which| {
-            let mut value = 0i32;
-            // SAFETY: `function` belongs to the module `self` owns.
-            let status = unsafe { cust::sys::cuFuncGetAttribute(&mut value, which, function) };
-            driver_call("cuFuncGetAttribute", status).map(|()| value as u32)
-        };
-        let mut kernels = self
-            .attention
-            .iter()
-            .map(|(&(head_dim, element, variant), kernel)| {
-                Ok(KernelResources {
-                    name: kernel_name(head_dim, element, variant),
-                    registers: attribute(kernel.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-                    local_bytes: attribute(kernel.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        kernels.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(kernels)
+        self.module.resources()
     }
 
     /// Attention of `q` over `k`, `v`, into freshly allocated outputs,
@@ -371,7 +157,7 @@ impl FlashAttention {
         let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
         let problem = self.forward_into(q, k, v, TensorMut::new(&mut o, q.layout.shape), &mut lse, params, stream)?;
-        Ok(Output { o, lse, problem, _context: self.context.clone() })
+        Ok(Output { o, lse, problem, _context: self.module.context().clone() })
     }
 
     /// Attention into caller-provided outputs: `o` with `q`'s shape, and
@@ -462,7 +248,7 @@ impl FlashAttention {
         let o_view = TensorMut::new(&mut o, q.layout.shape);
         let problem =
             self.forward_varlen_into(q, k, v, o_view, &mut lse, cu_seqlens_q, cu_seqlens_k, params, stream)?;
-        Ok(Output { o, lse, problem, _context: self.context.clone() })
+        Ok(Output { o, lse, problem, _context: self.module.context().clone() })
     }
 
     /// [`forward_varlen`](Self::forward_varlen) into caller-provided
@@ -557,7 +343,7 @@ impl FlashAttention {
         let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
         let o_view = TensorMut::new(&mut o, q.layout.shape);
         let problem = self.forward_kvcache_into(q, cache, o_view, &mut lse, params, workspace, stream)?;
-        Ok(Output { o, lse, problem, _context: self.context.clone() })
+        Ok(Output { o, lse, problem, _context: self.module.context().clone() })
     }
 
     /// [`forward_kvcache`](Self::forward_kvcache) into caller-provided
@@ -583,8 +369,7 @@ impl FlashAttention {
 
     /// CTAs of `variant` for `head_dim` that the GPU runs at once.
     fn wave<T: Element>(&self, head_dim: usize, variant: KernelVariant) -> usize {
-        let blocks = self.attention.get(&(head_dim, T::NAME, variant)).map_or(1, |kernel| kernel.blocks_per_sm);
-        self.sm_count * blocks.max(1)
+        attention_kernel(head_dim as u32, T::DTYPE, variant).map_or(self.module.sm_count(), |k| self.module.wave(k))
     }
 
     fn plan<T: Element>(
@@ -624,18 +409,21 @@ impl FlashAttention {
         if let Some(append) = append {
             let mut append_args = append.args;
             let arg_ptr = &mut append_args as *mut _ as *mut c_void;
-            unsafe { launch_kernel(self.append, append.grid, SMALL_KERNEL_THREADS, 0, arg_ptr, stream)? };
+            let function = self.module.function(Kernel::Append);
+            unsafe { launch_kernel(function, append.grid, APPEND_THREADS, 0, arg_ptr, stream)? };
         }
-        // Every (head dim, element, variant) a plan can name was loaded in `new`.
-        let kernel = self.attention[&(plan.head_dim, T::NAME, plan.variant)];
+        // A plan names only kernels of the table.
+        let kernel = attention_kernel(plan.head_dim as u32, T::DTYPE, plan.variant).expect("a kernel of the table");
+        let function = self.module.function(Kernel::Attention(kernel));
         let arg_ptr = &mut args as *mut _ as *mut c_void;
         let (threads, smem_bytes) = (plan.config.threads(), plan.config.smem_bytes());
-        unsafe { launch_kernel(kernel.function, plan.grid, threads, smem_bytes, arg_ptr, stream)? };
+        unsafe { launch_kernel(function, plan.grid, threads, smem_bytes, arg_ptr, stream)? };
         if args.num_splits > 1 {
             let mut combine = CombineParams::of(&args, plan.head_dim as u32);
             let arg_ptr = &mut combine as *mut _ as *mut c_void;
             let grid = (plan.combine_blocks, 1, 1);
-            unsafe { launch_kernel(self.combine[T::NAME], grid, SMALL_KERNEL_THREADS, 0, arg_ptr, stream)? };
+            let function = self.module.function(Kernel::Combine(T::DTYPE));
+            unsafe { launch_kernel(function, grid, COMBINE_THREADS, 0, arg_ptr, stream)? };
         }
         Ok(())
     }
@@ -644,47 +432,6 @@ impl FlashAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A `host/kernels.ptx` built before the general, decode, merge and
-    /// append kernels existed fails this: `cargo xtask build-ptx` rebuilds it.
-    #[test]
-    fn embedded_ptx_exports_every_kernel_for_sm_80() {
-        assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");
-        let names = kernel_names();
-        assert_eq!(names.len(), 8 * 2 * 4);
-        let missing: Vec<String> = names
-            .into_iter()
-            .map(|(_, _, name)| name)
-            .chain([combine_kernel_name("f16"), combine_kernel_name("bf16"), APPEND_KERNEL.to_string()])
-            .filter(|name| !PTX.contains(&format!(".visible .entry {name}(")))
-            .collect();
-        assert!(missing.is_empty(), "missing from the embedded PTX: {missing:?}");
-        // The attention kernels, the merge and append kernels, the primitive
-        // probe of the emulator cross-check, and the benchmark's mma.sync ceiling.
-        assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), 8 * 2 * 4);
-        assert_eq!(PTX.matches(".visible .entry flash_combine").count(), 2);
-        assert!(PTX.contains(".visible .entry probe_primitives("));
-        assert!(PTX.contains(".visible .entry mma_ceiling("));
-    }
-
-    #[test]
-    fn every_kernel_has_a_tile_config_that_fits_shared_memory() {
-        for (head_dim, variant, name) in kernel_names() {
-            let config = variant.tile_config(head_dim).unwrap();
-            assert_eq!(config.head_dim as usize, head_dim);
-            // sm_80 allows 163 KiB of dynamic shared memory per block.
-            assert!(config.smem_bytes() <= 163 * 1024, "{name}: {} bytes", config.smem_bytes());
-            let row_sets = if config.warps_split_keys { 1 } else { config.warps };
-            assert_eq!(config.block_m, row_sets * 16 * config.m_tiles, "{name}");
-        }
-    }
-
-    #[test]
-    fn kernel_names_follow_the_ptx_exports() {
-        assert_eq!(kernel_name(128, "bf16", KernelVariant::Decode), "flash_fwd_d128_bf16_decode");
-        assert_eq!(kernel_name(64, "f16", KernelVariant::Causal), "flash_fwd_d64_f16_causal");
-        assert_eq!(combine_kernel_name("f16"), "flash_combine_f16");
-    }
 
     #[test]
     fn stand_in_outputs_lie_past_every_device_address() {

@@ -1,0 +1,206 @@
+//! The kernels' PTX module: embedded at build time, loaded into the current
+//! context, and every kernel of the ABI's table looked up once, so that a
+//! call neither formats names nor asks the driver for functions.
+
+use std::mem::ManuallyDrop;
+
+use cust::context::CurrentContext;
+use cust::device::DeviceAttribute;
+use cust::function::BlockSize;
+use cust::module::Module;
+use cust::sys::{CUfunction, CUfunction_attribute};
+use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
+
+use crate::context::ContextRef;
+use crate::error::{Error, Result};
+
+/// The kernels' PTX (sm_80), built from `kernels/` by `cargo xtask build-ptx`.
+pub const PTX: &str = include_str!("../kernels.ptx");
+
+/// A kernel of the module, as a plan names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// A row of the ABI's table of attention kernels.
+    Attention(&'static AttentionKernel),
+    /// The split-KV merge of an element type.
+    Combine(Dtype),
+    /// The KV cache append.
+    Append,
+}
+
+impl Kernel {
+    /// The PTX entry point.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Attention(kernel) => kernel.name,
+            Kernel::Combine(dtype) => combine_kernel(dtype),
+            Kernel::Append => APPEND_KERNEL,
+        }
+    }
+}
+
+/// An attention kernel of the loaded module.
+#[derive(Clone, Copy)]
+struct LoadedKernel {
+    function: CUfunction,
+    /// CTAs per SM at the kernel's launch geometry.
+    blocks_per_sm: usize,
+}
+
+/// One attention kernel as the driver compiled it for the current GPU
+/// ([`FlashAttention::kernel_resources`](crate::FlashAttention::kernel_resources)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelResources {
+    /// The PTX entry point.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Local memory per thread in bytes: spills and stack. Every attention
+    /// kernel is written to need none.
+    pub local_bytes: u32,
+}
+
+/// The module loaded into a context, with its kernels.
+pub(crate) struct KernelModule {
+    /// Owns the functions below; unloaded in `drop`, with `context` current.
+    module: ManuallyDrop<Module>,
+    /// Keeps the context alive until the module is unloaded.
+    context: ContextRef,
+    sm_count: usize,
+    /// One per row of [`ATTENTION_KERNELS`], in its order.
+    attention: Vec<LoadedKernel>,
+    /// The merge kernels of f16 and bf16.
+    combine: [CUfunction; 2],
+    append: CUfunction,
+}
+
+impl KernelModule {
+    /// Loads [`PTX`] into the current context. Fails with
+    /// [`Error::UnsupportedDevice`] below compute capability 8.0.
+    pub(crate) fn load() -> Result<Self> {
+        let device = CurrentContext::get_device()?;
+        let major = device.get_attribute(DeviceAttribute::ComputeCapabilityMajor)?;
+        let minor = device.get_attribute(DeviceAttribute::ComputeCapabilityMinor)?;
+        if major < 8 {
+            return Err(Error::UnsupportedDevice { major, minor });
+        }
+        let sm_count = device.get_attribute(DeviceAttribute::MultiprocessorCount)?.max(1) as usize;
+        let context = ContextRef::current()?;
+        let module = Module::from_ptx(PTX, &[])?;
+        let mut attention = Vec::with_capacity(ATTENTION_KERNELS.len());
+        for kernel in ATTENTION_KERNELS {
+            let config = kernel.config;
+            let function = module.get_function(kernel.name)?;
+            // Allow more than the default 48 KiB of dynamic shared memory.
+            let status = unsafe {
+                cust::sys::cuFuncSetAttribute(
+                    function.to_raw(),
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    config.smem_bytes() as i32,
+                )
+            };
+            driver_call("cuFuncSetAttribute", status)?;
+            let blocks_per_sm = function
+                .max_active_blocks_per_multiprocessor(BlockSize::x(config.threads()), config.smem_bytes() as usize)?
+                as usize;
+            attention.push(LoadedKernel { function: function.to_raw(), blocks_per_sm });
+        }
+        let combine =
+            [Dtype::F16, Dtype::Bf16].map(|dtype| module.get_function(combine_kernel(dtype)).map(|f| f.to_raw()));
+        let [f16, bf16] = combine;
+        let append = module.get_function(APPEND_KERNEL)?.to_raw();
+        Ok(Self { module: ManuallyDrop::new(module), context, sm_count, attention, combine: [f16?, bf16?], append })
+    }
+
+    /// The context the module lives in.
+    pub(crate) fn context(&self) -> &ContextRef {
+        &self.context
+    }
+
+    /// The GPU's number of streaming multiprocessors.
+    pub(crate) fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    fn loaded(&self, kernel: &AttentionKernel) -> LoadedKernel {
+        // Every row of the table was loaded, in order.
+        let index = ATTENTION_KERNELS.iter().position(|k| k == kernel).expect("a row of ATTENTION_KERNELS");
+        self.attention[index]
+    }
+
+    /// How many CTAs of `kernel` the GPU runs at once.
+    pub(crate) fn wave(&self, kernel: &AttentionKernel) -> usize {
+        self.sm_count * self.loaded(kernel).blocks_per_sm.max(1)
+    }
+
+    /// The driver's function of `kernel`.
+    pub(crate) fn function(&self, kernel: Kernel) -> CUfunction {
+        match kernel {
+            Kernel::Attention(kernel) => self.loaded(kernel).function,
+            Kernel::Combine(Dtype::F16) => self.combine[0],
+            Kernel::Combine(Dtype::Bf16) => self.combine[1],
+            Kernel::Append => self.append,
+        }
+    }
+
+    /// Every attention kernel as the driver compiled it, sorted by name.
+    pub(crate) fn resources(&self) -> Result<Vec<KernelResources>> {
+        let attribute = |function: CUfunction, which| {
+            let mut value = 0i32;
+            // SAFETY: `function` belongs to the module `self` owns.
+            let status = unsafe { cust::sys::cuFuncGetAttribute(&mut value, which, function) };
+            driver_call("cuFuncGetAttribute", status).map(|()| value as u32)
+        };
+        let mut kernels = ATTENTION_KERNELS
+            .iter()
+            .zip(&self.attention)
+            .map(|(kernel, loaded)| {
+                Ok(KernelResources {
+                    name: kernel.name.to_string(),
+                    registers: attribute(loaded.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+                    local_bytes: attribute(loaded.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        kernels.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(kernels)
+    }
+}
+
+impl Drop for KernelModule {
+    fn drop(&mut self) {
+        // SAFETY: `module` is not used again; the functions looked up from
+        // it are dropped with `self`.
+        self.context.with_current(|| unsafe { ManuallyDrop::drop(&mut self.module) });
+    }
+}
+
+/// `Ok` for a driver call `call` that returned `status` success, else the error.
+pub(crate) fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
+    if status == cust::sys::cudaError_enum::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::DriverCall { call, code: status as u32 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `host/kernels.ptx` older than the ABI's table fails this: `cargo
+    /// xtask build-ptx` rebuilds it.
+    #[test]
+    fn embedded_ptx_exports_every_kernel_of_the_table_for_sm_80() {
+        assert!(PTX.contains(".target sm_80"), "PTX must target sm_80");
+        let names = ATTENTION_KERNELS
+            .iter()
+            .map(Kernel::Attention)
+            .chain([Kernel::Combine(Dtype::F16), Kernel::Combine(Dtype::Bf16), Kernel::Append])
+            .map(Kernel::name);
+        let missing: Vec<&str> = names.filter(|name| !PTX.contains(&format!(".visible .entry {name}("))).collect();
+        assert!(missing.is_empty(), "missing from the embedded PTX: {missing:?}");
+        assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), ATTENTION_KERNELS.len());
+        assert_eq!(PTX.matches(".visible .entry ").count(), ATTENTION_KERNELS.len() + 3 + 2);
+    }
+}
