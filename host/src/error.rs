@@ -22,16 +22,22 @@ pub enum Error {
     OutOfBounds { tensor: &'static str, needed: usize, len: usize },
     /// A size past what the kernel indexes or the launch grid allows.
     TooLarge { what: &'static str, value: usize, max: usize },
+    /// A tensor with a dimension past [`MAX_DIM`](crate::MAX_DIM), or whose
+    /// view spans more than [`MAX_SPAN`](crate::MAX_SPAN) elements.
+    TensorTooLarge { tensor: &'static str, shape: [usize; 4], strides: [usize; 4] },
     /// The seqlen (row) stride of a tensor past what the kernels' 32-bit row
     /// offsets allow ([`MAX_ROW_STRIDE`](crate::MAX_ROW_STRIDE)).
     RowStrideTooLarge { tensor: &'static str, stride: usize, max: usize },
-    /// The output overlaps an input.
-    Aliasing,
-    /// The output's strides make distinct elements share memory.
-    OverlappingOutput { strides: [usize; 4] },
-    /// The softmax scale must be finite and positive.
+    /// An output (`o`, `lse`, a cache being appended to) overlaps another
+    /// argument of the call, input or output.
+    Aliasing { output: &'static str, other: &'static str },
+    /// The strides of a tensor the call writes make distinct elements share memory.
+    OverlappingOutput { tensor: &'static str, strides: [usize; 4] },
+    /// The softmax scale must be positive, and finite once the kernels fold
+    /// it with log2(e).
     InvalidScale(f32),
-    /// The softcap must be finite and positive.
+    /// The softcap must be positive, and finite once the kernels fold it
+    /// with log2(e) and into the softmax scale.
     InvalidSoftcap(f32),
     /// `num_splits` must be between 1 and `max`.
     InvalidNumSplits { num_splits: usize, max: usize },
@@ -80,17 +86,30 @@ impl fmt::Display for Error {
             Error::TooLarge { what, value, max } => {
                 write!(f, "{what} = {value} exceeds the supported maximum {max}")
             }
+            Error::TensorTooLarge { tensor, shape, strides } => write!(
+                f,
+                "{tensor}: the view of shape {shape:?} and strides {strides:?} exceeds the supported sizes \
+                 (dimensions of at most {} and a span of at most {} elements)",
+                crate::MAX_DIM,
+                crate::MAX_SPAN
+            ),
             Error::RowStrideTooLarge { tensor, stride, max } => write!(
                 f,
                 "{tensor}: the seqlen stride {stride} exceeds the supported maximum {max} elements \
                  (the kernels compute row offsets in 32 bits)"
             ),
-            Error::Aliasing => write!(f, "the output overlaps an input"),
-            Error::OverlappingOutput { strides } => {
-                write!(f, "o: strides {strides:?} make distinct elements share memory")
+            Error::Aliasing { output, other } => {
+                write!(f, "{output} overlaps {other}: an output may share memory with no other argument")
             }
-            Error::InvalidScale(s) => write!(f, "softmax_scale must be finite and > 0, got {s}"),
-            Error::InvalidSoftcap(c) => write!(f, "softcap must be finite and > 0, got {c}"),
+            Error::OverlappingOutput { tensor, strides } => {
+                write!(f, "{tensor}: strides {strides:?} make distinct elements share memory")
+            }
+            Error::InvalidScale(s) => {
+                write!(f, "softmax_scale must be > 0 with softmax_scale * log2(e) finite, got {s}")
+            }
+            Error::InvalidSoftcap(c) => {
+                write!(f, "softcap must be > 0 with softcap * log2(e) and softmax_scale / softcap finite, got {c}")
+            }
             Error::InvalidNumSplits { num_splits, max } => {
                 write!(f, "num_splits must be between 1 and {max}, got {num_splits}")
             }

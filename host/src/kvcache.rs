@@ -10,8 +10,9 @@ use crate::error::{Error, Result};
 use crate::params::{AppendParams, ForwardParams};
 use crate::tensor::{Element, Tensor, TensorMut};
 use crate::validate::{
-    apply_features, bytes, check_aliasing, check_lse, check_output, check_problem, check_row_stride, check_tensor,
-    forward_args, softmax_scale, tensor_arg, tensor_bytes, too_large, AttentionParams, Placed, Problem, MAX_SEQLEN,
+    apply_features, bytes, check_aliasing, check_distinct_elements, check_lse, check_output, check_problem,
+    check_row_stride, check_tensor, forward_args, softmax_scale, tensor_arg, tensor_bytes, too_large, AttentionParams,
+    Placed, Problem, MAX_SEQLEN,
 };
 
 /// The number of keys already in each batch's cache, validated (each >= 0)
@@ -251,16 +252,45 @@ pub(crate) struct KvCacheCall {
     pub seqused_k: Vec<i32>,
 }
 
-/// Fails if two batches append to the same rows of a page: each written
-/// run of rows as (page, first row, end row, batch).
-fn check_disjoint_writes(mut runs: Vec<(i32, usize, usize, usize)>) -> Result<()> {
-    runs.sort_unstable();
-    for pair in runs.windows(2) {
-        let ((page, _, end, first), (next_page, start, _, second)) = (pair[0], pair[1]);
-        if page == next_page && start < end {
-            return Err(Error::InvalidBlockTable(format!(
-                "batches {first} and {second} both append to rows of page {page}"
-            )));
+/// The rows of one page that one entry of a block table covers in a call:
+/// rows `0..read` hold keys of its batch, of which rows `written..read` are
+/// appended by the call (none when `written == read`).
+#[derive(Clone, Copy, Debug)]
+struct PageRows {
+    page: i32,
+    read: usize,
+    written: usize,
+    /// The entry: `block_table[batch][column]`.
+    batch: usize,
+    column: usize,
+}
+
+/// Fails if a row that the call appends to is also read through another
+/// entry of the block table: by another batch, or by the same batch at
+/// another position (a page listed twice). The append runs first, so that
+/// reader would see the appended key instead of its own; two appends to
+/// one row are the case where both entries write.
+fn check_appended_rows_unshared(mut entries: Vec<PageRows>) -> Result<()> {
+    // By page, the entries that read the most rows first: the entry that
+    // reads furthest beside a writer is the first or the second of its page.
+    entries.sort_unstable_by_key(|e| (e.page, std::cmp::Reverse(e.read)));
+    for page in entries.chunk_by(|a, b| a.page == b.page) {
+        for (i, writer) in page.iter().enumerate().filter(|(_, e)| e.written < e.read) {
+            let Some(reader) = page.iter().enumerate().find(|&(j, _)| j != i).map(|(_, e)| e) else { continue };
+            if reader.read > writer.written {
+                return Err(Error::InvalidBlockTable(format!(
+                    "batch {} appends to row {} of page {} (block_table[{}][{}]), a row that block_table[{}][{}] \
+                     maps to a key batch {} reads",
+                    writer.batch,
+                    writer.written,
+                    writer.page,
+                    writer.batch,
+                    writer.column,
+                    reader.batch,
+                    reader.column,
+                    reader.batch
+                )));
+            }
         }
     }
     Ok(())
@@ -297,6 +327,10 @@ pub(crate) fn validate_kvcache(
         return Err(Error::ShapeMismatch(format!("q has head_dim {head_dim} but the cache {head_dim_k}")));
     }
     check_output(q, o)?;
+    if cache.new.is_some() {
+        check_distinct_elements(k)?;
+        check_distinct_elements(v)?;
+    }
     if cache.seqlens.len() != batch {
         return Err(Error::ShapeMismatch(format!(
             "cache_seqlens holds {} lengths but q has batch {batch}",
@@ -350,7 +384,7 @@ pub(crate) fn validate_kvcache(
     }
     if let Some(table) = &cache.block_table {
         let num_pages = slots_outer;
-        let mut writes = Vec::new();
+        let mut entries = Vec::new();
         for (b, (&cached, &used)) in cache.seqlens.iter().zip(&seqused_k).enumerate() {
             let row = &table.entries[b * table.pages_per_seq..][..table.pages_per_seq];
             for (p, &page) in row.iter().enumerate().take((used as usize).div_ceil(page_size)) {
@@ -359,36 +393,33 @@ pub(crate) fn validate_kvcache(
                         "block_table[{b}][{p}] = {page} is not a page of the cache (0..{num_pages})"
                     )));
                 }
-                let (first, end) = (p * page_size, (p + 1) * page_size);
-                let (start, stop) = ((cached as usize).max(first), (used as usize).min(end));
-                if start < stop {
-                    writes.push((page, start - first, stop - first, b));
-                }
+                let first = p * page_size;
+                let read = (used as usize - first).min(page_size);
+                let written = if cache.new.is_some() { (cached as usize).max(first) - first } else { read };
+                entries.push(PageRows { page, read, written: written.min(read), batch: b, column: p });
             }
         }
-        check_disjoint_writes(writes)?;
+        check_appended_rows_unshared(entries)?;
     }
     let seqlen_k = seqused_k.iter().copied().max().unwrap_or(0) as usize;
     let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
     check_problem(&problem)?;
     check_lse(lse_addr, lse_len, batch * heads_q * seqlen_q, "batch * heads_q * seqlen_q")?;
-    let lse = bytes(lse_addr, lse_len, 4);
+    let lse = bytes("lse", lse_addr, lse_len, 4);
     let metadata = [
-        bytes(cache.seqlens_addr, cache.seqlens.len(), 4),
-        cache.block_table.map_or(0..0, |t| bytes(t.addr, t.entries.len(), 4)),
+        bytes("cache_seqlens", cache.seqlens_addr, cache.seqlens.len(), 4),
+        cache.block_table.map_or(("block_table", 0..0), |t| bytes("block_table", t.addr, t.entries.len(), 4)),
     ];
+    let mut outputs = vec![tensor_bytes(o), lse];
+    let mut inputs = vec![tensor_bytes(q), metadata[0].clone(), metadata[1].clone()];
     match &cache.new {
-        None => {
-            let inputs = [tensor_bytes(q), tensor_bytes(k), tensor_bytes(v), metadata[0].clone(), metadata[1].clone()];
-            check_aliasing(&[tensor_bytes(o), lse], &inputs)?;
-        }
+        None => inputs.extend([tensor_bytes(k), tensor_bytes(v)]),
         Some((k_new, v_new)) => {
-            let outputs = [tensor_bytes(o), lse, tensor_bytes(k), tensor_bytes(v)];
-            let inputs =
-                [tensor_bytes(q), tensor_bytes(k_new), tensor_bytes(v_new), metadata[0].clone(), metadata[1].clone()];
-            check_aliasing(&outputs, &inputs)?;
+            outputs.extend([tensor_bytes(k), tensor_bytes(v)]);
+            inputs.extend([tensor_bytes(k_new), tensor_bytes(v_new)]);
         }
     }
+    check_aliasing(&outputs, &inputs)?;
     let scale = softmax_scale(params, head_dim)?;
     let mut args = forward_args(q, k, v, o, lse_addr, &problem, scale);
     if cache.new.is_none() {
@@ -400,7 +431,7 @@ pub(crate) fn validate_kvcache(
         args.block_table_batch_stride = table.pages_per_seq as i64;
         args.page_size = page_size as u32;
     }
-    apply_features(&mut args, params, batch, heads_q, scale)?;
+    apply_features(&mut args, params, batch, heads_q, scale, &outputs)?;
     let append = cache.new.map(|(k_new, v_new)| Append {
         args: AppendParams {
             k_new: k_new.addr as *const u16,
@@ -425,7 +456,7 @@ pub(crate) fn validate_kvcache(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::{contiguous_tensor, set_row_stride, MAX_ROW_STRIDE};
+    use crate::validate::{contiguous_tensor, set_row_stride, Layout, MAX_DIM, MAX_ROW_STRIDE};
 
     const MIB: u64 = 1 << 20;
 
@@ -617,15 +648,105 @@ mod tests {
 
     #[test]
     fn two_batches_may_not_append_to_the_same_page_rows() {
-        // Batch 0 (empty) and batch 1 (300 keys, page 5 holds 256..384)
-        // share page 5: batch 0 appends to rows 0..4, batch 1 to rows 44..48.
+        // Batch 0 (42 keys) and batch 1 (300 keys, page 5 holds 256..384)
+        // share page 5: both append to its rows 42..46 and 44..48.
         let mut call = Call::paged().appending(4);
         call.table.as_mut().unwrap().0[0] = 5;
-        assert!(call.run().is_ok(), "disjoint rows of one page");
-        // Batch 0 now holds 42 keys: it appends to rows 42..46 of page 5 too.
         call.seqlens[0] = 42;
         let err = call.run().unwrap_err();
-        assert!(matches!(&err, Error::InvalidBlockTable(m) if m.contains("batches 0 and 1")), "{err}");
+        assert!(matches!(&err, Error::InvalidBlockTable(m) if m.contains("page 5")), "{err}");
+    }
+
+    #[test]
+    fn rows_appended_to_are_read_by_no_other_entry_of_the_table() {
+        // Batch 0 (empty) would append to rows 0..4 of page 5, which batch 1
+        // reads as its keys 256..260: it would see batch 0's keys instead.
+        let mut call = Call::paged().appending(4);
+        call.table.as_mut().unwrap().0[0] = 5;
+        let err = call.run().unwrap_err();
+        let expected = "batch 0 appends to row 0 of page 5 (block_table[0][0]), a row that block_table[1][2] maps to \
+                        a key batch 1 reads";
+        assert_eq!(err, Error::InvalidBlockTable(expected.into()));
+        // Batch 2 (500 keys) lists page 0 twice: appending at 500 (page 0,
+        // row 116) would overwrite its own key 116.
+        let mut call = Call::paged().appending(1);
+        call.table.as_mut().unwrap().0[11] = 0;
+        let err = call.run().unwrap_err();
+        assert!(matches!(&err, Error::InvalidBlockTable(m) if m.contains("block_table[2][3]")), "{err}");
+        // Pages only read may be shared, e.g. a common prefix: batch 2's
+        // first page is batch 1's, and both append elsewhere.
+        let mut call = Call::paged().appending(1);
+        call.table.as_mut().unwrap().0[8] = 9;
+        assert!(call.run().is_ok());
+        // Without appends, any sharing reads only.
+        let mut call = Call::paged();
+        call.table.as_mut().unwrap().0[0] = 5;
+        call.table.as_mut().unwrap().0[11] = 0;
+        assert!(call.run().is_ok());
+    }
+
+    #[test]
+    fn appending_more_keys_than_the_kernels_index_is_refused() {
+        // One new key row broadcast (seqlen stride 0) as usize::MAX of them:
+        // cached + appended would overflow, the append grid be 2^32 - 1 blocks.
+        let mut call = Call::dense();
+        call.q = contiguous_tensor("q", [1, 1, 1, 64], 0);
+        call.o = contiguous_tensor("o", [1, 1, 1, 64], 48 * MIB);
+        call.k = contiguous_tensor("k_cache", [1, 1000, 1, 64], 16 * MIB);
+        call.v = contiguous_tensor("v_cache", [1, 1000, 1, 64], 32 * MIB);
+        call.lse_len = 1;
+        call.seqlens = vec![1];
+        let layout = Layout::strided([1, usize::MAX, 1, 64], [64, 0, 64, 1]);
+        let k_new = Placed { name: "k_new", layout, addr: 80 * MIB, buffer_len: 64 };
+        call.new = Some((k_new, Placed { name: "v_new", addr: 96 * MIB, ..k_new }));
+        let err = call.run().unwrap_err();
+        assert_eq!(err, Error::TensorTooLarge { tensor: "k_new", shape: layout.shape, strides: layout.strides });
+        // Within the index range, the cache's capacity bounds it.
+        let layout = Layout::strided([1, MAX_DIM, 1, 64], [64, 0, 64, 1]);
+        call.new = Some((Placed { layout, ..k_new }, Placed { name: "v_new", addr: 96 * MIB, layout, ..k_new }));
+        let needed = MAX_DIM + 1;
+        assert_eq!(call.run().unwrap_err(), Error::CacheOverflow { batch: 0, needed, capacity: 1000 });
+    }
+
+    #[test]
+    fn a_cache_appended_to_has_distinct_rows() {
+        // Batch stride 0: the three batches would append to the same rows.
+        let mut call = Call::dense().appending(1);
+        call.k.layout.strides[0] = 0;
+        call.k.buffer_len = call.k.layout.span().unwrap();
+        let err = call.run().unwrap_err();
+        assert_eq!(err, Error::OverlappingOutput { tensor: "k_cache", strides: call.k.layout.strides });
+        assert!(err.to_string().starts_with("k_cache: strides"), "{err}");
+        // Read only, a cache may broadcast.
+        call.new = None;
+        assert!(call.run().is_ok());
+        // Pages 0 apart: as many appends to one page.
+        let mut call = Call::paged().appending(1);
+        call.v.layout.strides[0] = 0;
+        call.v.buffer_len = call.v.layout.span().unwrap();
+        assert!(matches!(call.run().unwrap_err(), Error::OverlappingOutput { tensor: "v_cache", .. }));
+    }
+
+    #[test]
+    fn rejects_alibi_slopes_over_a_cache_appended_to() {
+        let over_cache = crate::validate::device_slice::<f32>(16 * MIB + 4096, 8);
+        let mut call = Call::dense().appending(1);
+        let params = AttentionParams { alibi_slopes: Some(&over_cache), ..AttentionParams::default() };
+        // `Call` holds 'static params: run the same call with these.
+        let cache = CacheArgs {
+            k: call.k,
+            v: call.v,
+            new: call.new,
+            seqlens: &call.seqlens,
+            seqlens_addr: 128 * MIB,
+            block_table: None,
+        };
+        let err = validate_kvcache(&call.q, &cache, &call.o, 64 * MIB, call.lse_len, &params).unwrap_err();
+        assert_eq!(err, Error::Aliasing { output: "k_cache", other: "alibi_slopes" });
+        // Only read, the cache may hold them.
+        call.new = None;
+        let cache = CacheArgs { new: None, ..cache };
+        assert!(validate_kvcache(&call.q, &cache, &call.o, 64 * MIB, call.lse_len, &params).is_ok());
     }
 
     #[test]
@@ -658,16 +779,17 @@ mod tests {
         // The new keys inside the value cache.
         let mut call = Call::dense().appending(1);
         call.new.as_mut().unwrap().0.addr = 32 * MIB;
-        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "v_cache", other: "k_new" });
         // The output over the key cache.
         let mut call = Call::dense();
         call.o.addr = 16 * MIB;
-        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "o", other: "k_cache" });
         // One cache buffer for keys and values is fine when only read.
         let mut call = Call::dense();
         call.v.addr = call.k.addr;
         assert!(call.run().is_ok());
-        assert_eq!(Call { v: call.v, ..Call::dense().appending(1) }.run().unwrap_err(), Error::Aliasing);
+        let err = Call { v: call.v, ..Call::dense().appending(1) }.run().unwrap_err();
+        assert_eq!(err, Error::Aliasing { output: "k_cache", other: "v_cache" });
     }
 
     #[test]

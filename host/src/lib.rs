@@ -74,7 +74,8 @@ pub use params::ForwardParams;
 pub use runtime::{FlashAttention, Output};
 pub use tensor::{Element, Tensor, TensorMut};
 pub use validate::{
-    validate, AttentionParams, Layout, Placed, Problem, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, SUPPORTED_HEAD_DIMS,
+    validate, AttentionParams, Layout, Placed, Problem, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN,
+    SUPPORTED_HEAD_DIMS,
 };
 pub use varlen::{check_seq_offsets, offsets_from_lengths, OffsetsSummary, SeqOffsets};
 pub use workspace::Workspace;

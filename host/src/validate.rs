@@ -144,8 +144,17 @@ pub fn tile_config(head_dim: usize) -> Result<TileConfig> {
     u32::try_from(head_dim).ok().and_then(config::tile_config).ok_or(Error::UnsupportedHeadDim(head_dim))
 }
 
-/// Largest sequence length (the kernel's masks use i32 positions).
-pub const MAX_SEQLEN: usize = i32::MAX as usize;
+/// Largest sequence length: the kernels' masks compute i32 positions of
+/// query rows and keys up to a tile past the end of a sequence, and their
+/// differences, so the lengths stay a tile below 2^31.
+pub const MAX_SEQLEN: usize = (1 << 31) - config::MAX_TILE_ROWS as usize;
+/// Largest dimension of any tensor: the kernels index sequences, heads and
+/// pages with 32-bit integers ([`MAX_SEQLEN`], [`MAX_GRID_YZ`] and the i32
+/// block table say more for each).
+pub const MAX_DIM: usize = i32::MAX as usize;
+/// Largest span of a view, in elements: the kernels' 64-bit offsets in
+/// bytes of 16-bit elements.
+pub const MAX_SPAN: usize = isize::MAX as usize / 2;
 /// Largest batch and number of query heads (grid z and y).
 pub const MAX_GRID_YZ: usize = 65_535;
 /// Largest seqlen (row) stride, in elements, of q, k, v and o (of a page,
@@ -157,6 +166,11 @@ pub(crate) fn check_tensor(t: &Placed) -> Result<()> {
     if t.layout.shape.contains(&0) {
         return Err(Error::EmptyTensor { tensor: t.name });
     }
+    // Sizes first: a contiguous layout of a shape too large has saturated strides.
+    let span = t.layout.span().filter(|&span| span <= MAX_SPAN);
+    let Some(needed) = span.filter(|_| t.layout.shape.iter().all(|&n| n <= MAX_DIM)) else {
+        return Err(Error::TensorTooLarge { tensor: t.name, shape: t.layout.shape, strides: t.layout.strides });
+    };
     if t.layout.strides[3] != 1 {
         return Err(Error::LastDimNotContiguous { tensor: t.name, stride: t.layout.strides[3] });
     }
@@ -170,8 +184,6 @@ pub(crate) fn check_tensor(t: &Placed) -> Result<()> {
             return Err(Error::Misaligned { tensor: t.name, what });
         }
     }
-    let needed =
-        t.layout.span().ok_or(Error::TooLarge { what: "view span", value: usize::MAX, max: isize::MAX as usize })?;
     if needed > t.buffer_len {
         return Err(Error::OutOfBounds { tensor: t.name, needed, len: t.buffer_len });
     }
@@ -189,14 +201,17 @@ pub(crate) fn check_row_stride(t: &Placed) -> Result<()> {
     Ok(())
 }
 
-/// The bytes of a buffer of `len` elements of `elem_bytes` at `addr`.
-pub(crate) fn bytes(addr: u64, len: usize, elem_bytes: u64) -> Range<u64> {
-    addr..addr.saturating_add((len as u64).saturating_mul(elem_bytes))
+/// An argument's name and the bytes of its buffer.
+pub(crate) type Bytes = (&'static str, Range<u64>);
+
+/// The bytes of a buffer `name` of `len` elements of `elem_bytes` at `addr`.
+pub(crate) fn bytes(name: &'static str, addr: u64, len: usize, elem_bytes: u64) -> Bytes {
+    (name, addr..addr.saturating_add((len as u64).saturating_mul(elem_bytes)))
 }
 
 /// The bytes of the buffer behind a 16-bit tensor.
-pub(crate) fn tensor_bytes(t: &Placed) -> Range<u64> {
-    bytes(t.addr, t.buffer_len, 2)
+pub(crate) fn tensor_bytes(t: &Placed) -> Bytes {
+    bytes(t.name, t.addr, t.buffer_len, 2)
 }
 
 fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
@@ -205,10 +220,10 @@ fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
 
 /// Fails with [`Error::Aliasing`] if an output overlaps another output or
 /// any input.
-pub(crate) fn check_aliasing(outputs: &[Range<u64>], inputs: &[Range<u64>]) -> Result<()> {
-    for (i, out) in outputs.iter().enumerate() {
-        if outputs[i + 1..].iter().chain(inputs).any(|other| overlaps(out, other)) {
-            return Err(Error::Aliasing);
+pub(crate) fn check_aliasing(outputs: &[Bytes], inputs: &[Bytes]) -> Result<()> {
+    for (i, (output, out)) in outputs.iter().enumerate() {
+        if let Some((other, _)) = outputs[i + 1..].iter().chain(inputs).find(|(_, other)| overlaps(out, other)) {
+            return Err(Error::Aliasing { output, other });
         }
     }
     Ok(())
@@ -222,15 +237,21 @@ pub(crate) fn too_large(what: &'static str, value: usize, max: usize) -> Result<
     }
 }
 
+/// A tensor the call writes must have distinct elements, so that no two
+/// of its writes land on one element.
+pub(crate) fn check_distinct_elements(t: &Placed) -> Result<()> {
+    if !t.layout.is_non_overlapping() {
+        return Err(Error::OverlappingOutput { tensor: t.name, strides: t.layout.strides });
+    }
+    Ok(())
+}
+
 /// `o` must have `q`'s shape, and distinct elements.
 pub(crate) fn check_output(q: &Placed, o: &Placed) -> Result<()> {
     if o.layout.shape != q.layout.shape {
         return Err(Error::ShapeMismatch(format!("o is {:?} but q is {:?}", o.layout.shape, q.layout.shape)));
     }
-    if !o.layout.is_non_overlapping() {
-        return Err(Error::OverlappingOutput { strides: o.layout.strides });
-    }
-    Ok(())
+    check_distinct_elements(o)
 }
 
 /// The sizes every kernel supports: a head dim with kernels, whole groups
@@ -308,19 +329,31 @@ pub(crate) fn window_bounds(params: &AttentionParams) -> Result<(i32, i32)> {
 
 /// Sets the window (and causal), softcap and ALiBi of `params` on `args`,
 /// for `batch` batches of `heads_q` query heads, and checks `num_splits`.
+/// The factors the kernels take must be finite as folded (`scale` with
+/// log2(e), the softcap with log2(e) and into `scale`), and the ALiBi
+/// slopes, an input, may overlap none of the call's `outputs`.
 pub(crate) fn apply_features(
     args: &mut ForwardParams,
     params: &AttentionParams,
     batch: usize,
     heads_q: usize,
     scale: f32,
+    outputs: &[Bytes],
 ) -> Result<()> {
+    if !args.scale_log2.is_finite() {
+        return Err(Error::InvalidScale(scale));
+    }
     (args.window_left, args.window_right) = window_bounds(params)?;
     if let Some(softcap) = params.softcap {
         if !(softcap.is_finite() && softcap > 0.0) {
             return Err(Error::InvalidSoftcap(softcap));
         }
+        // A `scale / softcap` that rounds to 0 turns the softcap off, which
+        // is exact: `c tanh(x / c)` is `x` in f32 for every such `x / c`.
         args.set_softcap(softcap, scale);
+        if !(args.softcap_scale.is_finite() && args.softcap_log2.is_finite()) {
+            return Err(Error::InvalidSoftcap(softcap));
+        }
     }
     if let Some(slopes) = params.alibi_slopes {
         let len = slopes.len();
@@ -331,7 +364,9 @@ pub(crate) fn apply_features(
         } else {
             return Err(Error::AlibiSlopesLength { len, heads_q, batch });
         };
-        args.alibi_slopes = slopes.as_device_ptr().as_raw() as *const f32;
+        let addr = slopes.as_device_ptr().as_raw();
+        check_aliasing(outputs, &[bytes("alibi_slopes", addr, len, 4)])?;
+        args.alibi_slopes = addr as *const f32;
     }
     if let Some(num_splits) = params.num_splits {
         if !(1..=crate::launch::MAX_SPLITS).contains(&num_splits) {
@@ -372,10 +407,11 @@ pub fn validate(
     let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
     check_problem(&problem)?;
     check_lse(lse_addr, lse_len, batch * heads_q * seqlen_q, "batch * heads_q * seqlen_q")?;
-    check_aliasing(&[tensor_bytes(o), bytes(lse_addr, lse_len, 4)], &[q, k, v].map(tensor_bytes))?;
+    let outputs = [tensor_bytes(o), bytes("lse", lse_addr, lse_len, 4)];
+    check_aliasing(&outputs, &[q, k, v].map(tensor_bytes))?;
     let scale = softmax_scale(params, head_dim)?;
     let mut args = forward_args(q, k, v, o, lse_addr, &problem, scale);
-    apply_features(&mut args, params, batch, heads_q, scale)?;
+    apply_features(&mut args, params, batch, heads_q, scale, &outputs)?;
     Ok((args, problem))
 }
 
@@ -585,11 +621,11 @@ mod tests {
         let mut call = Call::new(64);
         // Stride 0 over the batch: both batches would write the same rows.
         call.o.layout.strides[0] = 0;
-        assert_eq!(call.run().unwrap_err(), Error::OverlappingOutput { strides: call.o.layout.strides });
+        assert_eq!(call.run().unwrap_err(), Error::OverlappingOutput { tensor: "o", strides: call.o.layout.strides });
         let mut call = Call::new(64);
         // Heads 32 elements apart, but each head holds 64.
         call.o.layout.strides[2] = 32;
-        assert!(matches!(call.run().unwrap_err(), Error::OverlappingOutput { .. }));
+        assert!(matches!(call.run().unwrap_err(), Error::OverlappingOutput { tensor: "o", .. }));
         // Inputs may broadcast (stride 0): only reads.
         let mut call = Call::new(64);
         call.k.layout.strides[0] = 0;
@@ -608,6 +644,57 @@ mod tests {
     }
 
     #[test]
+    fn reports_shapes_past_the_index_range_as_too_large() {
+        // Dimensions of usize::MAX: the contiguous strides saturate, and
+        // the size, not their alignment, is what is wrong.
+        let mut call = Call::new(64);
+        call.q.layout = Layout::contiguous([usize::MAX; 4]);
+        let err = call.run().unwrap_err();
+        let expected = Error::TensorTooLarge {
+            tensor: "q",
+            shape: [usize::MAX; 4],
+            strides: [usize::MAX, usize::MAX, usize::MAX, 1],
+        };
+        assert_eq!(err, expected);
+        assert!(err.to_string().starts_with("q: the view of shape"), "{err}");
+        // Dimensions in range whose span overflows.
+        let mut call = Call::new(64);
+        call.k.layout = Layout::contiguous([1 << 20, 1 << 20, 1 << 20, 64]);
+        assert!(matches!(call.run().unwrap_err(), Error::TensorTooLarge { tensor: "k", .. }));
+        // A span past MAX_SPAN, and one at it (then out of its buffer).
+        let mut call = Call::new(64);
+        let rest = 36 * 128 + 64 + 64; // the span of one batch
+        call.v.layout = Layout::strided([2, 37, 2, 64], [(MAX_SPAN - rest + 8) & !7, 128, 64, 1]);
+        assert!(matches!(call.run().unwrap_err(), Error::TensorTooLarge { tensor: "v", .. }));
+        call.v.layout = Layout::strided([2, 37, 2, 64], [(MAX_SPAN - rest) & !7, 128, 64, 1]);
+        assert!(matches!(call.run().unwrap_err(), Error::OutOfBounds { tensor: "v", .. }));
+        // A dimension past MAX_DIM, whatever its stride; MAX_DIM itself is
+        // left to the limits of what it is (here seqlen_k).
+        for (seqlen_k, tensor) in [(MAX_DIM + 1, Some("k")), (MAX_DIM, None)] {
+            let mut call = Call::new(64);
+            call.k.layout = Layout::strided([2, seqlen_k, 2, 64], [128, 0, 64, 1]);
+            call.v.layout = call.k.layout;
+            let err = call.run().unwrap_err();
+            match tensor {
+                Some(tensor) => assert!(matches!(err, Error::TensorTooLarge { tensor: t, .. } if t == tensor), "{err}"),
+                None => assert_eq!(err, Error::TooLarge { what: "seqlen_k", value: MAX_DIM, max: MAX_SEQLEN }),
+            }
+        }
+    }
+
+    #[test]
+    fn sequence_lengths_stay_a_tile_below_2_31() {
+        // Broadcast keys (row stride 0) make any length cheap to ask for.
+        for (seqlen_k, ok) in [(MAX_SEQLEN, true), (MAX_SEQLEN + 1, false)] {
+            let mut call = Call::new(64);
+            call.k.layout = Layout::strided([2, seqlen_k, 2, 64], [128, 0, 64, 1]);
+            call.v.layout = call.k.layout;
+            assert_eq!(call.run().is_ok(), ok, "seqlen_k {seqlen_k}: {:?}", call.run().err());
+        }
+        assert_eq!(MAX_SEQLEN, (1 << 31) - 256);
+    }
+
+    #[test]
     fn shape_products_that_overflow_are_reported_not_panicked() {
         let huge = Layout::contiguous([usize::MAX / 2, 4, 4, 64]);
         assert_eq!(huge.elements(), None);
@@ -618,10 +705,12 @@ mod tests {
     fn rejects_outputs_overlapping_inputs() {
         let mut call = Call::new(64);
         call.o.addr = call.q.addr + 64;
-        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "o", other: "q" });
         let mut call = Call::new(64);
         call.lse_addr = call.o.addr;
-        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        let err = call.run().unwrap_err();
+        assert_eq!(err, Error::Aliasing { output: "o", other: "lse" });
+        assert_eq!(err.to_string(), "o overlaps lse: an output may share memory with no other argument");
     }
 
     #[test]
@@ -689,6 +778,60 @@ mod tests {
             call.params.softcap = Some(softcap);
             assert!(matches!(call.run().unwrap_err(), Error::InvalidSoftcap(_)), "softcap {softcap}");
         }
+    }
+
+    #[test]
+    fn rejects_scales_and_softcaps_whose_folded_factors_are_not_finite() {
+        let scale = |s| {
+            let mut call = Call::new(64);
+            call.params.softmax_scale = Some(s);
+            call.run()
+        };
+        // The kernels take softmax_scale * log2(e): finite up to f32::MAX / log2(e).
+        assert_eq!(scale(f32::MAX).unwrap_err(), Error::InvalidScale(f32::MAX));
+        assert_eq!(scale(2.4e38).unwrap_err(), Error::InvalidScale(2.4e38));
+        assert!(scale(2.3e38).is_ok());
+        let err = scale(f32::MAX).unwrap_err().to_string();
+        assert!(err.starts_with("softmax_scale must be > 0 with softmax_scale * log2(e) finite"), "{err}");
+        // And softcap * log2(e) and softmax_scale / softcap.
+        let softcap = |c, s| {
+            let mut call = Call::new(64);
+            call.params.softcap = Some(c);
+            call.params.softmax_scale = s;
+            call.run()
+        };
+        for c in [1e-45, f32::MAX, 2.4e38] {
+            assert_eq!(softcap(c, None).unwrap_err(), Error::InvalidSoftcap(c), "softcap {c}");
+        }
+        assert_eq!(softcap(1e-37, Some(100.0)).unwrap_err(), Error::InvalidSoftcap(1e-37));
+        let (args, _) = softcap(2.3e38, None).unwrap();
+        assert!(args.softcap_log2.is_finite() && args.softcap_scale > 0.0);
+        let (args, _) = softcap(1e-37, None).unwrap();
+        assert!(args.softcap_scale.is_finite());
+        // A scale / softcap below f32's smallest is 0: no softcap, which
+        // is exact there (c tanh(x / c) = x in f32).
+        let (args, _) = softcap(1e38, Some(1e-8)).unwrap();
+        assert_eq!(args.softcap_scale, 0.0);
+    }
+
+    #[test]
+    fn rejects_alibi_slopes_over_an_output() {
+        let mut call = Call::new(64);
+        let over_lse = device_slice::<f32>(call.lse_addr, 8);
+        call.params.alibi_slopes = Some(&over_lse);
+        let err = call.run().unwrap_err();
+        assert_eq!(err, Error::Aliasing { output: "lse", other: "alibi_slopes" });
+        assert_eq!(err.to_string(), "lse overlaps alibi_slopes: an output may share memory with no other argument");
+        let over_o = device_slice::<f32>(call.o.addr + 1024, 2 * 8);
+        call.params.alibi_slopes = Some(&over_o);
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "o", other: "alibi_slopes" });
+        // Right after the lse: fine. Over an input: fine (both are read).
+        let after_lse = device_slice::<f32>(call.lse_addr + 4 * call.lse_len as u64, 8);
+        call.params.alibi_slopes = Some(&after_lse);
+        assert!(call.run().is_ok());
+        let over_q = device_slice::<f32>(call.q.addr, 8);
+        call.params.alibi_slopes = Some(&over_q);
+        assert!(call.run().is_ok());
     }
 
     #[test]

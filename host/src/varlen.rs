@@ -187,9 +187,11 @@ pub(crate) fn validate_varlen(
     let problem = Problem { batch: sq.batch, seqlen_q: sq.max_len, seqlen_k: sk.max_len, heads_q, heads_kv, head_dim };
     check_problem(&problem)?;
     check_lse(lse_addr, lse_len, heads_q * total_q, "heads_q * total_q")?;
-    let offsets = [bytes(cu_q.addr, cu_q.host.len(), 4), bytes(cu_k.addr, cu_k.host.len(), 4)];
+    let offsets =
+        [bytes("cu_seqlens_q", cu_q.addr, cu_q.host.len(), 4), bytes("cu_seqlens_k", cu_k.addr, cu_k.host.len(), 4)];
     let inputs = [tensor_bytes(q), tensor_bytes(k), tensor_bytes(v), offsets[0].clone(), offsets[1].clone()];
-    check_aliasing(&[tensor_bytes(o), bytes(lse_addr, lse_len, 4)], &inputs)?;
+    let outputs = [tensor_bytes(o), bytes("lse", lse_addr, lse_len, 4)];
+    check_aliasing(&outputs, &inputs)?;
     let scale = softmax_scale(params, head_dim)?;
     let mut args = forward_args(q, k, v, o, lse_addr, &problem, scale);
     // LSE [heads_q, total_q]: the kernel adds the sequence's first token.
@@ -197,7 +199,7 @@ pub(crate) fn validate_varlen(
     args.lse_head_stride = total_q as i64;
     args.cu_seqlens_q = cu_q.addr as *const i32;
     args.cu_seqlens_k = cu_k.addr as *const i32;
-    apply_features(&mut args, params, problem.batch, heads_q, scale)?;
+    apply_features(&mut args, params, problem.batch, heads_q, scale, &outputs)?;
     Ok((args, problem))
 }
 
@@ -341,7 +343,7 @@ mod tests {
     fn outputs_must_not_overlap_the_offsets() {
         let mut call = Call::new();
         call.lse_addr = 80 * MIB;
-        assert_eq!(call.run().unwrap_err(), Error::Aliasing);
+        assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "lse", other: "cu_seqlens_q" });
     }
 
     #[test]
