@@ -19,6 +19,9 @@ const FULL_WAVE_FIFTHS: usize = 4;
 /// Largest grid x dimension of a launch.
 const MAX_GRID_X: usize = i32::MAX as usize;
 
+/// Most blocks of the split-KV merge: it numbers its warps in u32.
+const MAX_COMBINE_BLOCKS: usize = (1 << 32) / params::COMBINE_WARPS as usize;
+
 /// Alignment of each region of the scratch memory, in bytes.
 const SCRATCH_ALIGN: usize = 256;
 
@@ -45,8 +48,8 @@ pub fn num_splits_heuristic(ctas: usize, key_blocks: usize, wave: usize) -> usiz
     let max_splits = (key_blocks / MIN_KEY_BLOCKS_PER_SPLIT).clamp(1, MAX_SPLITS);
     // The fraction of the last wave's slots that hold a CTA, for `splits` splits.
     let fill = |splits: usize| {
-        let total = ctas * splits;
-        total as f64 / (total.div_ceil(wave) * wave) as f64
+        let total = ctas.saturating_mul(splits);
+        total as f64 / total.div_ceil(wave).saturating_mul(wave) as f64
     };
     let below = (wave / ctas).clamp(1, max_splits);
     let above = (below + 1).min(max_splits);
@@ -198,15 +201,21 @@ pub(crate) fn plan(
     if grid_x > MAX_GRID_X {
         return Err(Error::TooLarge { what: "query blocks * num_splits", value: grid_x, max: MAX_GRID_X });
     }
+    // First: it bounds the partial rows, which the merge counts below.
+    let scratch = ScratchLayout::new(&args, batch, head_dim, seqused_len)?;
     let mut combine_blocks = 0;
     if num_splits > 1 {
         let merged_rows = rows * heads_q * batch;
         combine_blocks = flash_attn_abi::kernels::combine_grid(merged_rows as u64, head_dim as u32) as usize;
-        if combine_blocks > MAX_GRID_X {
-            return Err(Error::TooLarge { what: "split-KV merge blocks", value: combine_blocks, max: MAX_GRID_X });
+        // The merge numbers its warps (block * COMBINE_WARPS + warp) in u32.
+        if combine_blocks > MAX_COMBINE_BLOCKS {
+            return Err(Error::TooLarge {
+                what: "split-KV merge blocks",
+                value: combine_blocks,
+                max: MAX_COMBINE_BLOCKS,
+            });
         }
     }
-    let scratch = ScratchLayout::new(&args, batch, head_dim, seqused_len)?;
     Ok(Plan {
         args,
         variant,
@@ -491,6 +500,26 @@ mod tests {
         let err = plan(long, 64, Some(MAX_SPLITS), 0, h100).unwrap_err();
         assert!(matches!(err, Error::TooLarge { what: "split-KV partial rows", .. }), "{err}");
         assert!(plan(ForwardParams { batch: (1 << 10) - 1, ..long }, 64, Some(MAX_SPLITS), 0, h100).is_ok());
+    }
+
+    #[test]
+    fn merge_warps_past_32_bit_indices_are_refused() {
+        // d = 256: 32 warps per merged row. 2^27 rows are 2^32 warps, the
+        // merge's u32 warp index's range; one row more is past it.
+        let rows = 1 << 27;
+        let plan_of = |rows| plan(args(1, rows, 64, 1, 1, 256), 256, Some(2), 0, h100);
+        assert_eq!(plan_of(rows).unwrap().combine_blocks, 1 << 30);
+        let err = plan_of(rows + 1).unwrap_err();
+        assert_eq!(err, Error::TooLarge { what: "split-KV merge blocks", value: (1 << 30) + 8, max: 1 << 30 });
+    }
+
+    #[test]
+    fn the_heuristic_takes_any_sizes() {
+        for (ctas, key_blocks, wave) in
+            [(1 << 61, 4096, usize::MAX), (usize::MAX, usize::MAX, usize::MAX), (1, usize::MAX, 2)]
+        {
+            assert!((1..=MAX_SPLITS).contains(&num_splits_heuristic(ctas, key_blocks, wave)));
+        }
     }
 
     #[test]
