@@ -514,6 +514,14 @@ mod tests {
     }
 
     #[test]
+    fn partial_rows_are_bounded_before_the_merge_counts_them() {
+        // 2^63 rows of 32 merge warps each would overflow the count.
+        let huge = args(65_535, crate::MAX_SEQLEN, 64, 65_535, 65_535, 256);
+        let err = plan(huge, 256, Some(2), 0, h100).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { what: "split-KV partial rows", .. }), "{err}");
+    }
+
+    #[test]
     fn the_heuristic_takes_any_sizes() {
         for (ctas, key_blocks, wave) in
             [(1 << 61, 4096, usize::MAX), (usize::MAX, usize::MAX, usize::MAX), (1, usize::MAX, 2)]
