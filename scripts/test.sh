@@ -3,7 +3,8 @@
 # then checks formatting, lints, that the committed PTX is fresh and spill-free
 # (ptxas), and runs every test. The GPU tests run on a GPU and otherwise print
 # that they were skipped and why; everything else asserts on the CPU, including
-# the kernels' own code run on the CPU emulator (kernels/tests).
+# the kernels' own code run on the CPU emulator (kernels/tests), then the
+# validation property test once more in a debug build with overflow checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
@@ -20,6 +21,13 @@ log="$(mktemp)"
 cargo test --workspace --release 2>&1 | tee "$log"
 echo "== kernels on the CPU emulator"
 cargo test --manifest-path kernels/Cargo.toml --release 2>&1 | tee -a "$log"
+# The validation property test (host/src/bounds_tests.rs) again, in a debug
+# build with overflow checks, where any overflow in validation panics: random
+# calls through every validation entry point and the launch plan, whatever is
+# accepted checked against every index the kernels compute. About 30 s for
+# its PROPTEST_CASES (default 60000); counted once above, in the release run.
+echo "== validation property test, debug build with overflow checks"
+CARGO_PROFILE_DEV_OVERFLOW_CHECKS=true cargo test -p flash-attn --lib bounds_tests
 # Totals over every test binary; GPU tests that found no GPU count as skipped.
 read -r passed failed < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } } END { print p + 0, f + 0 }' "$log")
 skipped=$(grep -c '^SKIPPED ' "$log" || true)

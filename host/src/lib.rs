@@ -47,6 +47,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(test)]
+mod bounds_tests;
 mod context;
 mod error;
 mod kvcache;
