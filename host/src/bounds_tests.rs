@@ -18,15 +18,18 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
-use crate::kvcache::{validate_kvcache, Append, CacheArgs, TableArg};
-use crate::launch::{plan, KernelVariant, Plan};
-use crate::params::{COMBINE_COLUMNS, COMBINE_WARPS};
-use crate::validate::{device_slice, validate, AttentionParams, Layout, Placed, MAX_ROW_STRIDE, MAX_SEQLEN};
-use crate::varlen::{validate_varlen, OffsetsArg};
+use crate::call::Append;
+use crate::plan::{plan, KernelArgs, OutputAddrs, Plan};
+use crate::validate::tests_support::device_slice;
+use crate::validate::{validate, AttentionParams, Layout, Placed, MAX_ROW_STRIDE, MAX_SEQLEN};
+use crate::validate::{validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, TableArg};
 use crate::{
     check_block_table_shape, check_cache_seqlens, check_seq_offsets, num_splits_heuristic, offsets_from_lengths, Error,
     MAX_SPLITS,
 };
+use flash_attn_abi::kernels::Dtype;
+use flash_attn_abi::params::ForwardParams;
+use flash_attn_abi::params::{COMBINE_COLUMNS, COMBINE_WARPS};
 
 /// Cases per property when `PROPTEST_CASES` is not set.
 const DEFAULT_CASES: u32 = 60_000;
@@ -197,19 +200,15 @@ fn round_up(n: i128, block: i128) -> i128 {
     (n + block - 1).div_euclid(block) * block
 }
 
-/// The attention kernel of a plan, then the split-KV merge
-/// (`kernels/src/{forward,pipeline,epilogue,combine}.rs`); `uploaded` is
-/// the `seqused_k` the launch uploads to the scratch (KV cache appends).
-fn attention(m: &mut Model, plan: &Plan, names: Names, uploaded: bool, per_batch_data: bool) {
-    let mut a = plan.args;
-    if uploaded {
-        a.seqused_k = m.buffer("seqused_k (scratch)").map_or(0, |b| b.addr) as *const i32;
-    }
-    let c = plan.config;
-    let (block_m, block_n, d) = (c.block_m as i128, c.block_n as i128, plan.head_dim as i128);
-    let general = matches!(plan.variant, KernelVariant::General | KernelVariant::Decode);
+/// The attention kernel of a plan, launched with the arguments `a` (its
+/// outputs and scratch bound), then the split-KV merge
+/// (`kernels/src/{forward,pipeline,epilogue,combine}.rs`).
+fn attention(m: &mut Model, plan: &Plan, a: ForwardParams, names: Names, per_batch_data: bool) {
+    let c = plan.kernel.config;
+    let (block_m, block_n, d) = (c.block_m as i128, c.block_n as i128, plan.kernel.head_dim as i128);
+    let general = plan.kernel.variant.is_general();
     let (batch, heads, splits) = (a.batch as i128, a.heads_q as i128, a.num_splits as i128);
-    let (grid_x, grid_y, grid_z) = (plan.grid.0 as i128, plan.grid.1 as i128, plan.grid.2 as i128);
+    let (grid_x, grid_y, grid_z) = (plan.grid[0] as i128, plan.grid[1] as i128, plan.grid[2] as i128);
     m.check(c.head_dim as i128 == d, || format!("a d={} kernel for head_dim {d}", c.head_dim));
     // The launch, and the kernels' assumptions (assert_unchecked).
     m.fits("grid x", grid_x, 1..=GRID_X);
@@ -234,7 +233,7 @@ fn attention(m: &mut Model, plan: &Plan, names: Names, uploaded: bool, per_batch
             && (a.window_right == -1 || a.window_right == 0)
             && splits == 1
             && a.seqlen_k >= 1;
-        m.check(featureless, || format!("the dense {:?} kernel for {a:?}", plan.variant));
+        m.check(featureless, || format!("the dense {:?} kernel for {a:?}", plan.kernel.variant));
     }
     m.pointer("q", a.q as u64, "q");
     m.pointer("o", a.o as u64, "o");
@@ -254,7 +253,7 @@ fn attention(m: &mut Model, plan: &Plan, names: Names, uploaded: bool, per_batch
     }
     let seqused = match a.seqused_k as u64 {
         0 => None,
-        ptr if uploaded => Some((ptr, "seqused_k (scratch)")),
+        ptr if !plan.upload.is_empty() => Some((ptr, "seqused_k (scratch)")),
         ptr => Some((ptr, "cache_seqlens")),
     };
     if let Some((ptr, name)) = seqused {
@@ -415,8 +414,8 @@ fn attention(m: &mut Model, plan: &Plan, names: Names, uploaded: bool, per_batch
 /// are few enough to compare one by one, that no row it writes is read as
 /// another key of the call ([`check_conflicts`]).
 fn append(m: &mut Model, append: &Append, names: Names, pages_per_seq: Option<usize>, stats: &mut Stats) {
-    let p = append.args;
-    let (seqlen_new, heads_kv, batch) = (append.grid.0 as i128, append.grid.1 as i128, append.grid.2 as i128);
+    let p = append.params;
+    let (seqlen_new, heads_kv, batch) = (append.grid[0] as i128, append.grid[1] as i128, append.grid[2] as i128);
     m.fits("append grid x", seqlen_new, 1..=GRID_X);
     m.fits("append grid y", heads_kv, 1..=GRID_YZ);
     m.fits("append grid z", batch, 1..=GRID_YZ);
@@ -488,7 +487,7 @@ const CONFLICT_WORK: i128 = 1 << 14;
 /// paged). Each written row is compared with each run of rows read.
 fn check_conflicts(
     m: &mut Model,
-    p: &crate::params::AppendParams,
+    p: &flash_attn_abi::params::AppendParams,
     (name, [ss, rs, hs]): (&'static str, [i64; 3]),
     (seqlen_new, heads_kv, batch): (i128, i128, i128),
     pages_per_seq: Option<usize>,
@@ -1134,20 +1133,19 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
     let lse_addr = addrs["lse"];
     let appending = placed.len() == 6;
     // Validation and the plan, as the runtime calls them.
+    let outputs = OutputBuffers::Given { o, lse_addr, lse_len };
     let validated = match &spec.kind {
-        Kind::Dense => validate(q, k, v, o, lse_addr, lse_len, &params).map(|(args, p)| (args, p, None, vec![])),
+        Kind::Dense => validate(Dtype::F16, q, k, v, outputs, &params),
         Kind::Varlen { .. } => validate_varlen(
+            Dtype::F16,
             q,
             k,
             v,
-            o,
-            lse_addr,
-            lse_len,
             OffsetsArg { host: &values["cu_seqlens_q"], addr: addrs["cu_seqlens_q"] },
             OffsetsArg { host: &values["cu_seqlens_k"], addr: addrs["cu_seqlens_k"] },
+            outputs,
             &params,
-        )
-        .map(|(args, p)| (args, p, None, vec![])),
+        ),
         Kind::Cache { .. } => {
             let cache = CacheArgs {
                 k: *k,
@@ -1161,15 +1159,12 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
                     addr: addrs["block_table"],
                 }),
             };
-            validate_kvcache(q, &cache, o, lse_addr, lse_len, &params)
-                .map(|c| (c.args, c.problem, c.append, c.seqused_k))
+            validate_kvcache(Dtype::F16, q, &cache, outputs, &params)
         }
     };
-    let planned = validated.and_then(|(args, problem, append, seqused)| {
-        let plan = plan(args, problem.head_dim, f.num_splits, seqused.len(), |_| f.wave)?;
-        Ok((plan, problem, append, seqused))
-    });
-    let (plan, problem, append, seqused) = planned?;
+    let call = validated?;
+    let plan = plan(&call, |_| f.wave)?;
+    let problem = call.problem;
     // Accepted: the call's buffers, named as the kernels' arguments.
     let names = if cache { Names { k: "k_cache", v: "v_cache" } } else { Names { k: "k", v: "v" } };
     let mut buffers = Vec::new();
@@ -1189,17 +1184,17 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
         Kind::Cache { paged: None, .. } => "dense cache",
         Kind::Cache { paged: Some(_), .. } => "paged cache",
     };
-    Ok(Accepted { plan, problem, append, seqused, buffers, names, pages_per_seq, page_size: shapes[1][1], kind })
+    let outputs = OutputAddrs { o: o.addr, lse: lse_addr };
+    Ok(Accepted { plan, outputs, problem, buffers, names, pages_per_seq, page_size: shapes[1][1], kind })
 }
 
 /// A call that validation and the plan accepted, as the runtime would
 /// launch it.
 struct Accepted {
     plan: Plan,
+    /// Where the call's outputs are.
+    outputs: OutputAddrs,
     problem: crate::Problem,
-    append: Option<Append>,
-    /// The lengths the launch uploads as `seqused_k` (KV cache appends).
-    seqused: Vec<i32>,
     buffers: Vec<Buffer>,
     names: Names,
     pages_per_seq: Option<usize>,
@@ -1215,7 +1210,7 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
     const SCRATCH: u64 = 1 << 62;
     let s = call.plan.scratch;
     for (name, offset, end, values) in [
-        ("seqused_k (scratch)", s.seqused_k, s.lse_partial, call.seqused.clone()),
+        ("seqused_k (scratch)", s.seqused_k, s.lse_partial, call.plan.upload.clone()),
         ("lse_partial", s.lse_partial, s.o_partial, vec![]),
         ("o_partial", s.o_partial, s.bytes, vec![]),
     ] {
@@ -1230,13 +1225,19 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
             values,
         });
     }
-    m.check(s.seqused_k + 4 * call.seqused.len() <= s.lse_partial, || "seqused_k past its scratch".into());
-    if let Some(launch) = &call.append {
+    m.check(s.seqused_k + 4 * call.plan.upload.len() <= s.lse_partial, || "seqused_k past its scratch".into());
+    // What the launch runs: the plan bound to the outputs and the scratch.
+    let launches = call.plan.launches(call.outputs, SCRATCH);
+    if let Some(launch) = &call.plan.append {
         append(&mut m, launch, call.names, call.pages_per_seq, stats);
     }
-    attention(&mut m, &call.plan, call.names, !call.seqused.is_empty(), call.kind != "dense");
+    let a = launches
+        .iter()
+        .find_map(|l| if let KernelArgs::Forward(a) = l.args { Some(a) } else { None })
+        .expect("an attention launch");
+    attention(&mut m, &call.plan, a, call.names, call.kind != "dense");
     // The sizes the kernels' u32 fields took, untruncated.
-    let (a, problem) = (call.plan.args, call.problem);
+    let problem = call.problem;
     let rows = a.heads_q as usize * a.seqlen_q as usize;
     m.check(a.batch as usize == problem.batch && rows == problem.heads_q * problem.seqlen_q, || {
         format!("{problem:?} became batch {}, {} heads of {} rows", a.batch, a.heads_q, a.seqlen_q)
@@ -1252,10 +1253,10 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
         "dense cache" => stats.cache_dense += 1,
         _ => stats.cache_paged += 1,
     }
-    stats.appends += call.append.is_some() as usize;
+    stats.appends += call.plan.append.is_some() as usize;
     stats.split += (a.num_splits > 1) as usize;
     stats.gqa_decode += (a.heads_q as usize != problem.heads_q) as usize;
-    stats.general += matches!(call.plan.variant, KernelVariant::General | KernelVariant::Decode) as usize;
+    stats.general += call.plan.kernel.variant.is_general() as usize;
     let touched = m.touched.clone();
     (m.finish(), touched)
 }
@@ -1423,7 +1424,7 @@ fn the_bounds_model_finds_calls_out_of_bounds() {
     };
     let appending =
         plain(cache(false), Dims { batch: 2, seqlen_q: 1, seqlen_k: 1, heads_kv: 2, groups: 2, head_dim: 64 });
-    let shared = failures(&appending, &|a| a.append.as_mut().unwrap().args.k_cache_strides[0] = 0);
+    let shared = failures(&appending, &|a| a.plan.append.as_mut().unwrap().params.k_cache_strides[0] = 0);
     assert!(shared.contains("k_cache: batch 0 appends its key"), "{shared}");
     // A paged append over a row another batch reads.
     let mut paged = appending.clone();
@@ -1434,7 +1435,7 @@ fn the_bounds_model_finds_calls_out_of_bounds() {
     });
     assert!(shared.contains("that batch 0 reads") || shared.contains("that batch 1 reads"), "{shared}");
     // An append grid past the launch limit.
-    assert!(failures(&appending, &|a| a.append.as_mut().unwrap().grid.0 = u32::MAX).contains("append grid x"));
+    assert!(failures(&appending, &|a| a.plan.append.as_mut().unwrap().grid[0] = u32::MAX).contains("append grid x"));
 }
 
 #[test]

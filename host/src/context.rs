@@ -9,7 +9,10 @@
 //! owns device resources holds a [`ContextRef`]: a reference on the primary
 //! context it was made in, released only after those resources.
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
+
+use cust::memory::{DeviceBuffer, DeviceCopy};
 
 use cust::sys::{
     cuCtxGetCurrent, cuCtxGetDevice, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuDevicePrimaryCtxRelease_v2,
@@ -79,5 +82,33 @@ impl Drop for Retained {
             // Fails only for a device that is gone; a destructor cannot report it.
             unsafe { cuDevicePrimaryCtxRelease_v2(self.device) };
         }
+    }
+}
+
+/// Values uploaded to device memory, freed in their own context, which
+/// they keep alive: what the crate's small device arrays (sequence
+/// offsets, cache lengths, block tables) hold.
+pub(crate) struct DeviceArray<T: DeviceCopy> {
+    buffer: ManuallyDrop<DeviceBuffer<T>>,
+    context: ContextRef,
+}
+
+impl<T: DeviceCopy> DeviceArray<T> {
+    /// `values`, copied to the current context's device.
+    pub(crate) fn upload(values: &[T]) -> Result<Self> {
+        let context = ContextRef::current()?;
+        Ok(Self { buffer: ManuallyDrop::new(DeviceBuffer::from_slice(values)?), context })
+    }
+
+    /// The device address of the first value.
+    pub(crate) fn addr(&self) -> u64 {
+        self.buffer.as_device_ptr().as_raw()
+    }
+}
+
+impl<T: DeviceCopy> Drop for DeviceArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: the buffer is not used again.
+        self.context.with_current(|| unsafe { ManuallyDrop::drop(&mut self.buffer) });
     }
 }

@@ -47,37 +47,52 @@
 //! # Ok(()) }
 //! ```
 
+mod attention;
 #[cfg(test)]
 mod bounds_tests;
+mod call;
 mod context;
 mod error;
 mod kvcache;
 mod launch;
 mod module;
-#[path = "../../kernels/src/reference.rs"]
+mod plan;
 pub mod reference;
 #[cfg(test)]
 mod reference_tests;
-mod runtime;
 mod tensor;
 mod validate;
 mod varlen;
 mod workspace;
 
+pub use attention::{FlashAttention, Output};
 pub use cust;
 pub use error::{Error, Result};
+use flash_attn_abi::config;
 pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
-use flash_attn_abi::{config, params};
 pub use half::{bf16, f16};
 pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
-pub use launch::{num_splits_heuristic, KernelVariant, MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use module::{Kernel, KernelResources, PTX};
-pub use params::ForwardParams;
-pub use runtime::{FlashAttention, Output};
+pub use plan::{num_splits_heuristic, MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use tensor::{Element, Tensor, TensorMut};
 pub use validate::{
-    validate, AttentionParams, Layout, Placed, Problem, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN,
+    AttentionParams, Layout, Placed, Problem, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN,
     SUPPORTED_HEAD_DIMS,
 };
 pub use varlen::{check_seq_offsets, offsets_from_lengths, OffsetsSummary, SeqOffsets};
 pub use workspace::Workspace;
+
+/// The stages every call goes through, on host memory descriptions of its
+/// tensors ([`Placed`]): validation into a typed [`Call`](pipeline::Call),
+/// a pure [`plan`](pipeline::plan) of it, and the kernel launches the plan
+/// binds to output and scratch addresses. [`FlashAttention`] runs them on
+/// a CUDA stream; they are public for other bindings and for running the
+/// kernels elsewhere (this crate's tests run them on the CPU emulator).
+pub mod pipeline {
+    pub use crate::call::{Alibi, Append, CacheLengths, Call, LseLayout, Mask, Outputs, Pages, Sequences, TensorAt};
+    pub use crate::plan::{plan, KernelArgs, Launch, OutputAddrs, Plan, ScratchLayout};
+    pub use crate::validate::{
+        validate, validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, TableArg,
+    };
+    pub use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams};
+}

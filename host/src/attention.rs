@@ -1,21 +1,21 @@
-//! Loading the embedded PTX and launching the kernels through `cust`.
-
-use std::ffi::c_void;
+//! The attention entry points: each validates its call once
+//! ([`crate::validate`]), plans it once ([`crate::plan`]), allocates its
+//! outputs if it returns them, and launches ([`crate::launch`]).
 
 use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
-use cust::sys::CUfunction;
-use flash_attn_abi::kernels::{attention_kernel, APPEND_THREADS, COMBINE_THREADS};
+use flash_attn_abi::kernels::AttentionKernel;
 
+use crate::call::{Call, Outputs};
 use crate::context::ContextRef;
-use crate::error::{Error, Result};
-use crate::kvcache::{validate_kvcache, Append, KvCache};
-use crate::launch::{plan, KernelVariant, Plan};
-use crate::module::{driver_call, Kernel, KernelModule, KernelResources};
-use crate::params::{CombineParams, ForwardParams};
+use crate::error::Result;
+use crate::kvcache::KvCache;
+use crate::launch::launch;
+use crate::module::{KernelModule, KernelResources};
+use crate::plan::{plan, OutputAddrs, Plan};
 use crate::tensor::{Element, Tensor, TensorMut};
-use crate::validate::{validate, AttentionParams, Layout, Placed, Problem};
-use crate::varlen::{validate_varlen, SeqOffsets};
+use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, OutputBuffers, Problem};
+use crate::varlen::SeqOffsets;
 use crate::workspace::{Scratch, Workspace};
 
 /// What the allocating attention calls return.
@@ -33,34 +33,6 @@ pub struct Output<T: Element> {
     _context: ContextRef,
 }
 
-/// Outputs at addresses no allocation has (2^63 and above; GPU virtual
-/// addresses are 49 bits), so that a call is validated before its outputs
-/// are allocated: `o` contiguous of `shape` and `lse_len` f32 after it.
-fn stand_in_outputs(shape: [usize; 4], lse_len: Option<usize>) -> Result<(Placed, u64, usize)> {
-    let too_large = || Error::TooLarge { what: "q elements", value: usize::MAX, max: isize::MAX as usize };
-    let layout = Layout::contiguous(shape);
-    let len = layout.elements().ok_or_else(too_large)?;
-    let lse_len = lse_len.ok_or_else(too_large)?;
-    let o_addr = 1u64 << 63;
-    let lse_addr = o_addr.saturating_add((len as u64).saturating_mul(2)).saturating_add(15) & !15;
-    Ok((Placed { name: "o", layout, addr: o_addr, buffer_len: len }, lse_addr, lse_len))
-}
-
-/// `[b, s, h, d]` -> `b * h * s`, the rows of a dense or KV cache call's LSE.
-fn lse_rows([batch, seqlen, heads, _]: [usize; 4]) -> Option<usize> {
-    batch.checked_mul(heads)?.checked_mul(seqlen)
-}
-
-/// Copies `values` to device address `addr` on `stream`. From pageable host
-/// memory the driver stages the data before returning, so `values` may be
-/// dropped right after.
-fn upload_async(addr: u64, values: &[i32], stream: &Stream) -> Result<()> {
-    let status = unsafe {
-        cust::sys::cuMemcpyHtoDAsync_v2(addr, values.as_ptr().cast(), std::mem::size_of_val(values), stream.as_inner())
-    };
-    driver_call("cuMemcpyHtoDAsync", status)
-}
-
 /// The kernels, loaded into the CUDA context current at [`FlashAttention::new`].
 ///
 /// It keeps that context alive (a reference on the device's primary
@@ -70,36 +42,6 @@ fn upload_async(addr: u64, values: &[i32], stream: &Stream) -> Result<()> {
 /// crate made in it.
 pub struct FlashAttention {
     module: KernelModule,
-}
-
-/// Launches `function` with one argument block `args` on `stream`.
-///
-/// # Safety
-/// `args` points to the argument block `function` takes, and the geometry is
-/// the one its kernel was written for.
-unsafe fn launch_kernel(
-    function: CUfunction,
-    grid: (u32, u32, u32),
-    threads: u32,
-    smem_bytes: u32,
-    args: *mut c_void,
-    stream: &Stream,
-) -> Result<()> {
-    let mut params = [args];
-    let status = cust::sys::cuLaunchKernel(
-        function,
-        grid.0,
-        grid.1,
-        grid.2,
-        threads,
-        1,
-        1,
-        smem_bytes,
-        stream.as_inner(),
-        params.as_mut_ptr(),
-        std::ptr::null_mut(),
-    );
-    driver_call("cuLaunchKernel", status)
 }
 
 impl FlashAttention {
@@ -149,15 +91,8 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Output<T>> {
-        // Validate before allocating, so that bad input allocates nothing.
-        let (stand_in_o, lse_addr, lse_len) = stand_in_outputs(q.layout.shape, lse_rows(q.layout.shape))?;
-        let (args, problem) =
-            validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &stand_in_o, lse_addr, lse_len, params)?;
-        self.plan::<T>(args, &problem, params.num_splits, 0)?;
-        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
-        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
-        let problem = self.forward_into(q, k, v, TensorMut::new(&mut o, q.layout.shape), &mut lse, params, stream)?;
-        Ok(Output { o, lse, problem, _context: self.module.context().clone() })
+        let call = validate(T::DTYPE, &q.placed("q"), &k.placed("k"), &v.placed("v"), OutputBuffers::Allocate, params)?;
+        self.allocate_and_run(&call, q.layout.shape, &mut Scratch::per_call(stream), stream)
     }
 
     /// Attention into caller-provided outputs: `o` with `q`'s shape, and
@@ -174,12 +109,10 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Problem> {
-        let (lse_addr, lse_len) = (lse.as_device_ptr().as_raw(), lse.len());
-        let (args, problem) =
-            validate(&q.placed("q"), &k.placed("k"), &v.placed("v"), &o.placed("o"), lse_addr, lse_len, params)?;
-        let plan = self.plan::<T>(args, &problem, params.num_splits, 0)?;
-        self.launch::<T>(&plan, None, &[], &mut Scratch::per_call(stream), stream)?;
-        Ok(problem)
+        let outputs =
+            OutputBuffers::Given { o: &o.placed("o"), lse_addr: lse.as_device_ptr().as_raw(), lse_len: lse.len() };
+        let call = validate(T::DTYPE, &q.placed("q"), &k.placed("k"), &v.placed("v"), outputs, params)?;
+        self.run(&call, &mut Scratch::per_call(stream), stream)
     }
 
     /// Attention over a variable-length batch: sequences packed one after
@@ -229,26 +162,10 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Output<T>> {
-        let [_, total_q, heads_q, _] = q.layout.shape;
-        let (stand_in_o, lse_addr, lse_len) = stand_in_outputs(q.layout.shape, heads_q.checked_mul(total_q))?;
-        let (args, problem) = validate_varlen(
-            &q.placed("q"),
-            &k.placed("k"),
-            &v.placed("v"),
-            &stand_in_o,
-            lse_addr,
-            lse_len,
-            cu_seqlens_q.arg(),
-            cu_seqlens_k.arg(),
-            params,
-        )?;
-        self.plan::<T>(args, &problem, params.num_splits, 0)?;
-        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
-        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
-        let o_view = TensorMut::new(&mut o, q.layout.shape);
-        let problem =
-            self.forward_varlen_into(q, k, v, o_view, &mut lse, cu_seqlens_q, cu_seqlens_k, params, stream)?;
-        Ok(Output { o, lse, problem, _context: self.module.context().clone() })
+        let (q, k, v) = (q.placed("q"), k.placed("k"), v.placed("v"));
+        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
+        let call = validate_varlen(T::DTYPE, &q, &k, &v, cu_q, cu_k, OutputBuffers::Allocate, params)?;
+        self.allocate_and_run(&call, q.layout.shape, &mut Scratch::per_call(stream), stream)
     }
 
     /// [`forward_varlen`](Self::forward_varlen) into caller-provided
@@ -267,20 +184,11 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Problem> {
-        let (args, problem) = validate_varlen(
-            &q.placed("q"),
-            &k.placed("k"),
-            &v.placed("v"),
-            &o.placed("o"),
-            lse.as_device_ptr().as_raw(),
-            lse.len(),
-            cu_seqlens_q.arg(),
-            cu_seqlens_k.arg(),
-            params,
-        )?;
-        let plan = self.plan::<T>(args, &problem, params.num_splits, 0)?;
-        self.launch::<T>(&plan, None, &[], &mut Scratch::per_call(stream), stream)?;
-        Ok(problem)
+        let (q, k, v) = (q.placed("q"), k.placed("k"), v.placed("v"));
+        let outputs =
+            OutputBuffers::Given { o: &o.placed("o"), lse_addr: lse.as_device_ptr().as_raw(), lse_len: lse.len() };
+        let call = validate_varlen(T::DTYPE, &q, &k, &v, cu_seqlens_q.arg(), cu_seqlens_k.arg(), outputs, params)?;
+        self.run(&call, &mut Scratch::per_call(stream), stream)
     }
 
     /// Attention of `q` (`[batch, seqlen_q, heads_q, d]`) over a KV cache,
@@ -336,14 +244,8 @@ impl FlashAttention {
         workspace: &mut Workspace,
         stream: &Stream,
     ) -> Result<Output<T>> {
-        let (stand_in_o, lse_addr, lse_len) = stand_in_outputs(q.layout.shape, lse_rows(q.layout.shape))?;
-        let call = validate_kvcache(&q.placed("q"), &cache.args(), &stand_in_o, lse_addr, lse_len, params)?;
-        self.plan::<T>(call.args, &call.problem, params.num_splits, call.seqused_k.len())?;
-        let mut o = unsafe { DeviceBuffer::<T>::uninitialized(stand_in_o.buffer_len)? };
-        let mut lse = unsafe { DeviceBuffer::<f32>::uninitialized(lse_len)? };
-        let o_view = TensorMut::new(&mut o, q.layout.shape);
-        let problem = self.forward_kvcache_into(q, cache, o_view, &mut lse, params, workspace, stream)?;
-        Ok(Output { o, lse, problem, _context: self.module.context().clone() })
+        let call = validate_kvcache(T::DTYPE, &q.placed("q"), &cache.args(), OutputBuffers::Allocate, params)?;
+        self.allocate_and_run(&call, q.layout.shape, &mut Scratch::Workspace(workspace), stream)
     }
 
     /// [`forward_kvcache`](Self::forward_kvcache) into caller-provided
@@ -360,87 +262,42 @@ impl FlashAttention {
         workspace: &mut Workspace,
         stream: &Stream,
     ) -> Result<Problem> {
-        let (lse_addr, lse_len) = (lse.as_device_ptr().as_raw(), lse.len());
-        let call = validate_kvcache(&q.placed("q"), &cache.args(), &o.placed("o"), lse_addr, lse_len, params)?;
-        let plan = self.plan::<T>(call.args, &call.problem, params.num_splits, call.seqused_k.len())?;
-        self.launch::<T>(&plan, call.append.as_ref(), &call.seqused_k, &mut Scratch::Workspace(workspace), stream)?;
+        let outputs =
+            OutputBuffers::Given { o: &o.placed("o"), lse_addr: lse.as_device_ptr().as_raw(), lse_len: lse.len() };
+        let call = validate_kvcache(T::DTYPE, &q.placed("q"), &cache.args(), outputs, params)?;
+        self.run(&call, &mut Scratch::Workspace(workspace), stream)
+    }
+
+    /// Plans `call` for this GPU: the split heuristic's wave is the CTAs of
+    /// a kernel that its SMs run at once.
+    fn plan(&self, call: &Call) -> Result<Plan> {
+        plan(call, |kernel: &AttentionKernel| self.module.wave(kernel))
+    }
+
+    /// Plans and launches a call whose outputs the caller gave.
+    fn run(&self, call: &Call, scratch: &mut Scratch, stream: &Stream) -> Result<Problem> {
+        let plan = self.plan(call)?;
+        let Outputs::Given { o, lse } = call.outputs else { unreachable!("run takes calls with given outputs") };
+        launch(&self.module, &plan, OutputAddrs { o: o.addr, lse }, scratch, stream)?;
         Ok(call.problem)
     }
 
-    /// CTAs of `variant` for `head_dim` that the GPU runs at once.
-    fn wave<T: Element>(&self, head_dim: usize, variant: KernelVariant) -> usize {
-        attention_kernel(head_dim as u32, T::DTYPE, variant).map_or(self.module.sm_count(), |k| self.module.wave(k))
-    }
-
-    fn plan<T: Element>(
+    /// Plans a call whose outputs it allocates, then allocates them (o
+    /// contiguous of `shape`, the LSE rows contiguous) and launches.
+    fn allocate_and_run<T: Element>(
         &self,
-        args: ForwardParams,
-        problem: &Problem,
-        num_splits: Option<usize>,
-        seqused_len: usize,
-    ) -> Result<Plan> {
-        let wave = |variant| self.wave::<T>(problem.head_dim, variant);
-        plan(args, problem.head_dim, num_splits, seqused_len, wave)
-    }
-
-    /// Launches a planned call on `stream`: the append (if any), the
-    /// attention, and the split-KV merge (if split), in that order.
-    fn launch<T: Element>(
-        &self,
-        plan: &Plan,
-        append: Option<&Append>,
-        seqused_k: &[i32],
+        call: &Call,
+        shape: [usize; 4],
         scratch: &mut Scratch,
         stream: &Stream,
-    ) -> Result<()> {
-        let mut args = plan.args;
-        if plan.scratch.bytes > 0 {
-            let base = scratch.reserve(plan.scratch.bytes)?;
-            if !seqused_k.is_empty() {
-                let addr = base + plan.scratch.seqused_k as u64;
-                upload_async(addr, seqused_k, stream)?;
-                args.seqused_k = addr as *const i32;
-            }
-            if args.num_splits > 1 {
-                args.lse_partial = (base + plan.scratch.lse_partial as u64) as *mut f32;
-                args.o_partial = (base + plan.scratch.o_partial as u64) as *mut f32;
-            }
-        }
-        if let Some(append) = append {
-            let mut append_args = append.args;
-            let arg_ptr = &mut append_args as *mut _ as *mut c_void;
-            let function = self.module.function(Kernel::Append);
-            unsafe { launch_kernel(function, append.grid, APPEND_THREADS, 0, arg_ptr, stream)? };
-        }
-        // A plan names only kernels of the table.
-        let kernel = attention_kernel(plan.head_dim as u32, T::DTYPE, plan.variant).expect("a kernel of the table");
-        let function = self.module.function(Kernel::Attention(kernel));
-        let arg_ptr = &mut args as *mut _ as *mut c_void;
-        let (threads, smem_bytes) = (plan.config.threads(), plan.config.smem_bytes());
-        unsafe { launch_kernel(function, plan.grid, threads, smem_bytes, arg_ptr, stream)? };
-        if args.num_splits > 1 {
-            let mut combine = CombineParams::of(&args, plan.head_dim as u32);
-            let arg_ptr = &mut combine as *mut _ as *mut c_void;
-            let grid = (plan.combine_blocks, 1, 1);
-            let function = self.module.function(Kernel::Combine(T::DTYPE));
-            unsafe { launch_kernel(function, grid, COMBINE_THREADS, 0, arg_ptr, stream)? };
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stand_in_outputs_lie_past_every_device_address() {
-        let (o, lse_addr, lse_len) = stand_in_outputs([2, 3, 4, 8], lse_rows([2, 3, 4, 8])).unwrap();
-        assert_eq!((o.addr, o.buffer_len, lse_len), (1 << 63, 2 * 3 * 4 * 8, 2 * 4 * 3));
-        assert_eq!(lse_addr, (1 << 63) + 2 * 192);
-        assert!(matches!(
-            stand_in_outputs([usize::MAX, 2, 2, 8], None).unwrap_err(),
-            Error::TooLarge { what: "q elements", .. }
-        ));
+    ) -> Result<Output<T>> {
+        let plan = self.plan(call)?;
+        let [batch, seqlen, heads, head_dim] = shape;
+        // Validation checked that these sizes fit.
+        let o = unsafe { DeviceBuffer::<T>::uninitialized(batch * seqlen * heads * head_dim)? };
+        let lse = unsafe { DeviceBuffer::<f32>::uninitialized(batch * seqlen * heads)? };
+        let outputs = OutputAddrs { o: o.as_device_ptr().as_raw(), lse: lse.as_device_ptr().as_raw() };
+        launch(&self.module, &plan, outputs, scratch, stream)?;
+        Ok(Output { o, lse, problem: call.problem, _context: self.module.context().clone() })
     }
 }

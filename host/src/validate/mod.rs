@@ -5,9 +5,18 @@ use std::ops::Range;
 
 use cust::memory::DeviceSlice;
 
+use flash_attn_abi::kernels::Dtype;
+
+use crate::call::{Alibi, Call, LseLayout, Mask, Outputs, Sequences, TensorAt};
 use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
-use crate::params::{ForwardParams, ForwardSizes, TensorArg};
+use crate::plan::MAX_SPLITS;
+
+mod kvcache;
+mod varlen;
+
+pub use kvcache::{validate_kvcache, CacheArgs, TableArg};
+pub use varlen::{validate_varlen, OffsetsArg};
 
 /// Shape and strides (in elements) of a `[batch, seqlen, heads, head_dim]` tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,116 +288,143 @@ pub(crate) fn check_lse(addr: u64, len: usize, needed: usize, what: &str) -> Res
     Ok(())
 }
 
-/// The softmax scale of a call: `params.softmax_scale` or `1/sqrt(head_dim)`.
+/// Where a call's outputs go.
+#[derive(Clone, Copy, Debug)]
+pub enum OutputBuffers<'a> {
+    /// The caller's `o` (q's shape) and `lse_len` f32 at `lse_addr`.
+    Given { o: &'a Placed, lse_addr: u64, lse_len: usize },
+    /// Buffers the call allocates after validation, `o` contiguous with
+    /// q's shape: they alias nothing, so only their sizes are checked.
+    Allocate,
+}
+
+/// The outputs of a call whose LSE has `lse_rows` rows (`what` says how
+/// they are counted), checked against q and the call's `inputs` (bytes it
+/// reads, which no output may overlap); returns `o`'s strides, the
+/// outputs, and the bytes the call writes (for the checks of later inputs).
+pub(crate) fn check_outputs(
+    q: &Placed,
+    outputs: OutputBuffers,
+    lse_rows: Option<usize>,
+    what: &str,
+    inputs: &[Bytes],
+) -> Result<([i64; 3], Outputs, Vec<Bytes>)> {
+    let lse_rows = lse_rows.ok_or(Error::TooLarge { what: "lse rows", value: usize::MAX, max: MAX_SPAN })?;
+    too_large("lse rows", lse_rows, MAX_SPAN)?;
+    match outputs {
+        OutputBuffers::Given { o, lse_addr, lse_len } => {
+            check_tensor(o)?;
+            check_row_stride(o)?;
+            check_output(q, o)?;
+            check_lse(lse_addr, lse_len, lse_rows, what)?;
+            let written = vec![tensor_bytes(o), bytes("lse", lse_addr, lse_len, 4)];
+            check_aliasing(&written, inputs)?;
+            let o_at = tensor_at(o);
+            Ok((o_at.strides, Outputs::Given { o: o_at, lse: lse_addr }, written))
+        }
+        OutputBuffers::Allocate => {
+            let layout = Layout::contiguous(q.layout.shape);
+            let fits = layout.span().is_some_and(|span| span <= MAX_SPAN);
+            if !fits {
+                return Err(Error::TensorTooLarge { tensor: "o", shape: layout.shape, strides: layout.strides });
+            }
+            let strides = [0, 1, 2].map(|i| layout.strides[i] as i64);
+            Ok((strides, Outputs::Fresh, Vec::new()))
+        }
+    }
+}
+
+/// The softmax scale of a call: `params.softmax_scale` or `1/sqrt(head_dim)`,
+/// positive with `scale * log2(e)`, the factor the kernels take, finite.
 pub(crate) fn softmax_scale(params: &AttentionParams, head_dim: usize) -> Result<f32> {
     let scale = params.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-    if !(scale.is_finite() && scale > 0.0) {
+    if !(scale.is_finite() && scale > 0.0 && (scale * std::f32::consts::LOG2_E).is_finite()) {
         return Err(Error::InvalidScale(scale));
     }
     Ok(scale)
 }
 
-/// A tensor's pointer and strides over batch, seqlen and heads.
-pub(crate) fn tensor_arg(t: &Placed) -> TensorArg<*const u16> {
-    TensorArg { ptr: t.addr as *const u16, strides: [0, 1, 2].map(|i| t.layout.strides[i] as i64) }
+/// A tensor's address and strides over batch, seqlen and heads.
+pub(crate) fn tensor_at(t: &Placed) -> TensorAt {
+    TensorAt { addr: t.addr, strides: [0, 1, 2].map(|i| t.layout.strides[i] as i64) }
 }
 
-/// The kernel arguments of q, k, v into o and lse (contiguous `[batch,
-/// heads_q, seqlen_q]`), before any feature.
-pub(crate) fn forward_args(
-    q: &Placed,
-    k: &Placed,
-    v: &Placed,
-    o: &Placed,
-    lse_addr: u64,
-    p: &Problem,
-    scale: f32,
-) -> ForwardParams {
-    let sizes = ForwardSizes {
-        batch: p.batch as u32,
-        seqlen_q: p.seqlen_q as u32,
-        seqlen_k: p.seqlen_k as u32,
-        heads_q: p.heads_q as u32,
-        heads_per_kv: (p.heads_q / p.heads_kv) as u32,
-    };
-    let o_arg = TensorArg { ptr: o.addr as *mut u16, strides: tensor_arg(o).strides };
-    ForwardParams::new(tensor_arg(q), tensor_arg(k), tensor_arg(v), o_arg, lse_addr as *mut f32, sizes, scale)
-}
-
-/// The kernels' window bounds `(left, right)` of a call, -1 for an
-/// unbounded side; causal is a right bound of 0.
-pub(crate) fn window_bounds(params: &AttentionParams) -> Result<(i32, i32)> {
+/// The mask of `causal` and `window`: causal bounds the right side at 0
+/// whatever the window says; a window of `(None, Some(0))` is causal.
+pub(crate) fn mask(params: &AttentionParams) -> Result<Mask> {
     let side = |bound: Option<usize>, what| match bound {
-        None => Ok(-1),
-        Some(n) => i32::try_from(n).map_err(|_| Error::TooLarge { what, value: n, max: i32::MAX as usize }),
+        None => Ok(None),
+        Some(n) => i32::try_from(n).map(|n| Some(n as u32)).map_err(|_| Error::TooLarge {
+            what,
+            value: n,
+            max: i32::MAX as usize,
+        }),
     };
     let left = side(params.window.0, "window left")?;
-    let right = if params.causal { 0 } else { side(params.window.1, "window right")? };
-    Ok((left, right))
+    let right = if params.causal { Some(0) } else { side(params.window.1, "window right")? };
+    Ok(match (left, right) {
+        (None, None) => Mask::None,
+        (None, Some(0)) => Mask::Causal,
+        (left, right) => Mask::Window { left, right },
+    })
 }
 
-/// Sets the window (and causal), softcap and ALiBi of `params` on `args`,
-/// for `batch` batches of `heads_q` query heads, and checks `num_splits`.
-/// The factors the kernels take must be finite as folded (`scale` with
-/// log2(e), the softcap with log2(e) and into `scale`), and the ALiBi
-/// slopes, an input, may overlap none of the call's `outputs`.
-pub(crate) fn apply_features(
-    args: &mut ForwardParams,
+/// The score modifiers and split of a call, typed: the softcap (its
+/// factors as the kernels fold them, `scale / softcap` and `softcap *
+/// log2(e)`, finite), the ALiBi slopes (one per query head or per batch
+/// and head, an input that overlaps none of the call's `outputs`), and
+/// `num_splits` in `1..=MAX_SPLITS`.
+pub(crate) fn features(
     params: &AttentionParams,
     batch: usize,
     heads_q: usize,
     scale: f32,
     outputs: &[Bytes],
-) -> Result<()> {
-    if !args.scale_log2.is_finite() {
-        return Err(Error::InvalidScale(scale));
-    }
-    (args.window_left, args.window_right) = window_bounds(params)?;
+) -> Result<(Option<f32>, Option<Alibi>, Option<usize>)> {
     if let Some(softcap) = params.softcap {
-        if !(softcap.is_finite() && softcap > 0.0) {
-            return Err(Error::InvalidSoftcap(softcap));
-        }
+        let folded = [scale / softcap, softcap * std::f32::consts::LOG2_E];
         // A `scale / softcap` that rounds to 0 turns the softcap off, which
         // is exact: `c tanh(x / c)` is `x` in f32 for every such `x / c`.
-        args.set_softcap(softcap, scale);
-        if !(args.softcap_scale.is_finite() && args.softcap_log2.is_finite()) {
+        if !(softcap.is_finite() && softcap > 0.0 && folded.iter().all(|f| f.is_finite())) {
             return Err(Error::InvalidSoftcap(softcap));
         }
     }
-    if let Some(slopes) = params.alibi_slopes {
-        let len = slopes.len();
-        args.alibi_batch_stride = if len == heads_q {
-            0
-        } else if Some(len) == batch.checked_mul(heads_q) {
-            heads_q as i64
-        } else {
-            return Err(Error::AlibiSlopesLength { len, heads_q, batch });
-        };
-        let addr = slopes.as_device_ptr().as_raw();
-        check_aliasing(outputs, &[bytes("alibi_slopes", addr, len, 4)])?;
-        args.alibi_slopes = addr as *const f32;
-    }
+    let alibi = match params.alibi_slopes {
+        None => None,
+        Some(slopes) => {
+            let len = slopes.len();
+            let batch_stride = if len == heads_q {
+                0
+            } else if Some(len) == batch.checked_mul(heads_q) {
+                heads_q as i64
+            } else {
+                return Err(Error::AlibiSlopesLength { len, heads_q, batch });
+            };
+            let addr = slopes.as_device_ptr().as_raw();
+            check_aliasing(outputs, &[bytes("alibi_slopes", addr, len, 4)])?;
+            Some(Alibi { addr, batch_stride })
+        }
+    };
     if let Some(num_splits) = params.num_splits {
-        if !(1..=crate::launch::MAX_SPLITS).contains(&num_splits) {
-            return Err(Error::InvalidNumSplits { num_splits, max: crate::launch::MAX_SPLITS });
+        if !(1..=MAX_SPLITS).contains(&num_splits) {
+            return Err(Error::InvalidNumSplits { num_splits, max: MAX_SPLITS });
         }
     }
-    Ok(())
+    Ok((params.softcap, alibi, params.num_splits))
 }
 
-/// Checks q, k, v, o (16-bit elements) and the lse buffer (`lse_len` f32 at
-/// `lse_addr`) and builds the kernel arguments, with the window, softcap and
-/// ALiBi of `params` applied, and the problem sizes.
+/// Checks a dense call, q `[batch, seqlen_q, heads_q, d]` over k, v
+/// `[batch, seqlen_k, heads_kv, d]` of element type `dtype`, into
+/// `outputs` (o with q's shape, the LSE `[batch, heads_q, seqlen_q]`).
 pub fn validate(
+    dtype: Dtype,
     q: &Placed,
     k: &Placed,
     v: &Placed,
-    o: &Placed,
-    lse_addr: u64,
-    lse_len: usize,
+    outputs: OutputBuffers,
     params: &AttentionParams,
-) -> Result<(ForwardParams, Problem)> {
-    for t in [q, k, v, o] {
+) -> Result<Call> {
+    for t in [q, k, v] {
         check_tensor(t)?;
         check_row_stride(t)?;
     }
@@ -403,44 +439,99 @@ pub fn validate(
             q.layout.shape, k.layout.shape
         )));
     }
-    check_output(q, o)?;
     let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
     check_problem(&problem)?;
-    check_lse(lse_addr, lse_len, batch * heads_q * seqlen_q, "batch * heads_q * seqlen_q")?;
-    let outputs = [tensor_bytes(o), bytes("lse", lse_addr, lse_len, 4)];
-    check_aliasing(&outputs, &[q, k, v].map(tensor_bytes))?;
+    let lse_rows = batch.checked_mul(heads_q).and_then(|n| n.checked_mul(seqlen_q));
+    let (o_strides, outputs, written) =
+        check_outputs(q, outputs, lse_rows, "batch * heads_q * seqlen_q", &[q, k, v].map(tensor_bytes))?;
     let scale = softmax_scale(params, head_dim)?;
-    let mut args = forward_args(q, k, v, o, lse_addr, &problem, scale);
-    apply_features(&mut args, params, batch, heads_q, scale, &outputs)?;
-    Ok((args, problem))
+    let (softcap, alibi, num_splits) = features(params, batch, heads_q, scale, &written)?;
+    Ok(Call {
+        dtype,
+        problem,
+        q: tensor_at(q),
+        k: tensor_at(k),
+        v: tensor_at(v),
+        o_strides,
+        lse: LseLayout { batch_stride: (heads_q * seqlen_q) as i64, head_stride: seqlen_q as i64 },
+        outputs,
+        scale,
+        mask: mask(params)?,
+        softcap,
+        alibi,
+        sequences: Sequences::Dense,
+        num_splits,
+        append: None,
+    })
 }
 
-/// A valid contiguous tensor of `shape` at a made-up address, with an
-/// exact-size buffer, for validation tests.
+/// What the validation tests share: made-up tensors, and a validated call
+/// lowered through [`plan`](crate::plan::plan) to the kernels' arguments.
 #[cfg(test)]
-pub(crate) fn contiguous_tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
-    let layout = Layout::contiguous(shape);
-    Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
-}
+pub(crate) mod tests_support {
+    use super::*;
+    use crate::plan::{plan, KernelArgs, OutputAddrs};
+    use flash_attn_abi::params::{AppendParams, ForwardParams};
 
-/// Gives the tensor named `name` among `tensors` the seqlen stride `stride`,
-/// its buffer grown to fit, for validation tests.
-#[cfg(test)]
-pub(crate) fn set_row_stride<const N: usize>(tensors: [&mut Placed; N], name: &str, stride: usize) {
-    let t = tensors.into_iter().find(|t| t.name == name).expect("a tensor of that name");
-    t.layout.strides[1] = stride;
-    t.buffer_len = t.layout.span().unwrap();
-}
+    /// A valid contiguous tensor of `shape` at a made-up address, with an
+    /// exact-size buffer.
+    pub(crate) fn contiguous_tensor(name: &'static str, shape: [usize; 4], addr: u64) -> Placed {
+        let layout = Layout::contiguous(shape);
+        Placed { name, layout, addr, buffer_len: layout.span().unwrap() }
+    }
 
-/// A device slice at a made-up address, for validation tests (never dereferenced).
-#[cfg(test)]
-pub(crate) fn device_slice<T: cust::memory::DeviceCopy>(addr: u64, len: usize) -> DeviceSlice<T> {
-    unsafe { DeviceSlice::from_raw_parts(cust::memory::DevicePointer::from_raw(addr), len) }
+    /// Gives the tensor named `name` among `tensors` the seqlen stride
+    /// `stride`, its buffer grown to fit.
+    pub(crate) fn set_row_stride<const N: usize>(tensors: [&mut Placed; N], name: &str, stride: usize) {
+        let t = tensors.into_iter().find(|t| t.name == name).expect("a tensor of that name");
+        t.layout.strides[1] = stride;
+        t.buffer_len = t.layout.span().unwrap();
+    }
+
+    /// A device slice at a made-up address (never dereferenced).
+    pub(crate) fn device_slice<T: cust::memory::DeviceCopy>(addr: u64, len: usize) -> DeviceSlice<T> {
+        unsafe { DeviceSlice::from_raw_parts(cust::memory::DevicePointer::from_raw(addr), len) }
+    }
+
+    /// A validated call as its kernels receive it: planned without a split
+    /// (a GPU of one CTA slot, which any grid fills), its given outputs
+    /// bound, its scratch at address 0.
+    #[derive(Debug)]
+    pub(crate) struct Lowered {
+        pub args: ForwardParams,
+        pub problem: Problem,
+        pub append: Option<(AppendParams, [u32; 3])>,
+        /// The lengths uploaded as `seqused_k`.
+        pub seqused_k: Vec<i32>,
+    }
+
+    pub(crate) fn lowered_call(call: Result<Call>) -> Result<Lowered> {
+        let call = call?;
+        let plan = plan(&call, |_| 1)?;
+        let outputs = match call.outputs {
+            Outputs::Given { o, lse } => OutputAddrs { o: o.addr, lse },
+            Outputs::Fresh => OutputAddrs { o: 0, lse: 0 },
+        };
+        let launches = plan.launches(outputs, 0);
+        let args = launches
+            .iter()
+            .find_map(|l| if let KernelArgs::Forward(a) = l.args { Some(a) } else { None })
+            .expect("an attention launch");
+        let append = call.append.map(|a| (a.params, a.grid));
+        Ok(Lowered { args, problem: call.problem, append, seqused_k: plan.upload })
+    }
+
+    /// [`lowered_call`]'s arguments and sizes.
+    pub(crate) fn lowered(call: Result<Call>) -> Result<(ForwardParams, Problem)> {
+        lowered_call(call).map(|l| (l.args, l.problem))
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::tests_support::{contiguous_tensor, device_slice, lowered, set_row_stride};
     use super::*;
+    use flash_attn_abi::params::ForwardParams;
 
     const MIB: u64 = 1 << 20;
 
@@ -469,7 +560,8 @@ mod tests {
         }
 
         fn run(&self) -> Result<(ForwardParams, Problem)> {
-            validate(&self.q, &self.k, &self.v, &self.o, self.lse_addr, self.lse_len, &self.params)
+            let outputs = OutputBuffers::Given { o: &self.o, lse_addr: self.lse_addr, lse_len: self.lse_len };
+            lowered(validate(Dtype::F16, &self.q, &self.k, &self.v, outputs, &self.params))
         }
     }
 

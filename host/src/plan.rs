@@ -1,0 +1,716 @@
+//! What runs for a validated [`Call`], as a pure function of it: the
+//! kernel (dense, general or decode), the split-KV factor, the GQA decode
+//! layout, the grid, the scratch memory, and the kernels' argument blocks.
+//! The one place where a call becomes the ABI's [`ForwardParams`]; the
+//! launch binds the output and scratch addresses and runs the result.
+
+use flash_attn_abi::config::MAX_ROW_STRIDE;
+use flash_attn_abi::kernels::{
+    attention_kernel, combine_grid, AttentionKernel, Variant, APPEND_THREADS, COMBINE_THREADS,
+};
+use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams, COMBINE_WARPS};
+
+use crate::call::{Append, CacheLengths, Call, Mask, Outputs, Sequences};
+use crate::error::{Error, Result};
+use crate::module::Kernel;
+
+/// The most CTAs the keys of one query block are split among.
+pub const MAX_SPLITS: usize = flash_attn_abi::params::MAX_SPLITS as usize;
+
+/// The fewest key blocks the heuristic leaves to each split, so that the
+/// merge and the per-split prologue stay small beside the work.
+pub const MIN_KEY_BLOCKS_PER_SPLIT: usize = 4;
+
+/// A grid already this fraction of a wave full is not split (in fifths).
+const FULL_WAVE_FIFTHS: usize = 4;
+
+/// Largest grid x dimension of a launch.
+const MAX_GRID_X: usize = i32::MAX as usize;
+
+/// Most blocks of the split-KV merge: it numbers its warps in u32.
+const MAX_COMBINE_BLOCKS: usize = (1 << 32) / COMBINE_WARPS as usize;
+
+/// Alignment of each region of the scratch memory, in bytes.
+const SCRATCH_ALIGN: usize = 256;
+
+/// How many CTAs to split the keys of each query block among, for a grid
+/// of `ctas` CTAs (query blocks * heads * batch) over `key_blocks` key
+/// blocks, on a GPU that runs `wave` such CTAs at once (SMs * CTAs per SM).
+///
+/// No split when the grid already fills 80% of a wave. Otherwise the
+/// number of splits that brings the grid closest to whole waves, among the
+/// two around one full wave, keeping at least [`MIN_KEY_BLOCKS_PER_SPLIT`]
+/// key blocks per split and at most [`MAX_SPLITS`] splits; then the fewest
+/// splits with the same key blocks per split, so no split is left empty.
+pub fn num_splits_heuristic(ctas: usize, key_blocks: usize, wave: usize) -> usize {
+    if ctas == 0 || wave == 0 || ctas.saturating_mul(5) >= wave.saturating_mul(FULL_WAVE_FIFTHS) {
+        return 1;
+    }
+    let max_splits = (key_blocks / MIN_KEY_BLOCKS_PER_SPLIT).clamp(1, MAX_SPLITS);
+    // The fraction of the last wave's slots that hold a CTA, for `splits` splits.
+    let fill = |splits: usize| {
+        let total = ctas.saturating_mul(splits);
+        total as f64 / (total.div_ceil(wave).saturating_mul(wave)) as f64
+    };
+    let below = (wave / ctas).clamp(1, max_splits);
+    let above = (below + 1).min(max_splits);
+    let splits = if fill(above) > fill(below) { above } else { below };
+    let blocks_per_split = key_blocks.div_ceil(splits).max(1);
+    key_blocks.div_ceil(blocks_per_split).max(1)
+}
+
+/// The kernels' argument block of `call`, its features set from the call's
+/// types (-1, 0 and null for each one it does not use), its outputs and
+/// scratch not yet bound.
+fn forward_params(call: &Call) -> ForwardParams {
+    let p = &call.problem;
+    let [qb, qs, qh] = call.q.strides;
+    let [kb, ks, kh] = call.k.strides;
+    let [vb, vs, vh] = call.v.strides;
+    let [ob, os, oh] = call.o_strides;
+    let mut args = ForwardParams {
+        q: call.q.addr as *const u16,
+        k: call.k.addr as *const u16,
+        v: call.v.addr as *const u16,
+        o: core::ptr::null_mut(),
+        lse: core::ptr::null_mut(),
+        lse_batch_stride: call.lse.batch_stride,
+        lse_head_stride: call.lse.head_stride,
+        q_batch_stride: qb,
+        q_row_stride: qs,
+        q_head_stride: qh,
+        k_batch_stride: kb,
+        k_row_stride: ks,
+        k_head_stride: kh,
+        v_batch_stride: vb,
+        v_row_stride: vs,
+        v_head_stride: vh,
+        o_batch_stride: ob,
+        o_row_stride: os,
+        o_head_stride: oh,
+        seqlen_q: p.seqlen_q as u32,
+        seqlen_k: p.seqlen_k as u32,
+        heads_q: p.heads_q as u32,
+        heads_per_kv: (p.heads_q / p.heads_kv) as u32,
+        scale_log2: call.scale * core::f32::consts::LOG2_E,
+        cu_seqlens_q: core::ptr::null(),
+        cu_seqlens_k: core::ptr::null(),
+        seqused_k: core::ptr::null(),
+        block_table: core::ptr::null(),
+        block_table_batch_stride: 0,
+        page_size: 0,
+        window_left: -1,
+        window_right: -1,
+        softcap_scale: 0.0,
+        softcap_log2: 0.0,
+        alibi_slopes: core::ptr::null(),
+        alibi_batch_stride: 0,
+        num_splits: 1,
+        batch: p.batch as u32,
+        o_partial: core::ptr::null_mut(),
+        lse_partial: core::ptr::null_mut(),
+    };
+    let side = |bound: Option<u32>| bound.map_or(-1, |n| n as i32);
+    (args.window_left, args.window_right) = match call.mask {
+        Mask::None => (-1, -1),
+        Mask::Causal => (-1, 0),
+        Mask::Window { left, right } => (side(left), side(right)),
+    };
+    if let Some(softcap) = call.softcap {
+        args.set_softcap(softcap, call.scale);
+    }
+    if let Some(alibi) = call.alibi {
+        args.alibi_slopes = alibi.addr as *const f32;
+        args.alibi_batch_stride = alibi.batch_stride;
+    }
+    match &call.sequences {
+        Sequences::Dense => {}
+        Sequences::Packed { cu_seqlens_q, cu_seqlens_k } => {
+            args.cu_seqlens_q = *cu_seqlens_q as *const i32;
+            args.cu_seqlens_k = *cu_seqlens_k as *const i32;
+        }
+        Sequences::Cache { lengths, pages } => {
+            if let CacheLengths::Device(addr) = lengths {
+                args.seqused_k = *addr as *const i32;
+            }
+            if let Some(pages) = pages {
+                args.block_table = pages.table as *const i32;
+                args.block_table_batch_stride = pages.pages_per_seq as i64;
+                args.page_size = pages.page_size;
+            }
+        }
+    }
+    args
+}
+
+/// Whether the GQA decode layout (FlashAttention-2's
+/// `seqlenq_ngroups_swapped`) applies: a single query row of `g = heads_q /
+/// heads_kv` grouped heads is viewed as `g` rows of one head, so that each
+/// key/value head is read by one CTA instead of `g`. It is exact for one
+/// query row without window or ALiBi, dense or over a cache, whose head
+/// strides (the new row strides) are within the kernels' row strides; the
+/// one row sees every key, so a causal mask is void and dropped.
+fn gqa_decode_applies(call: &Call) -> bool {
+    let p = &call.problem;
+    p.seqlen_q == 1
+        && p.heads_q > p.heads_kv
+        && matches!(call.mask, Mask::None | Mask::Causal)
+        && call.alibi.is_none()
+        && !matches!(call.sequences, Sequences::Packed { .. })
+        && call.lse.head_stride == 1
+        && call.q.strides[2] <= MAX_ROW_STRIDE as i64
+        && call.o_strides[2] <= MAX_ROW_STRIDE as i64
+}
+
+/// Views `args` in the GQA decode layout ([`gqa_decode_applies`]).
+fn swap_gqa_decode(args: &mut ForwardParams) {
+    let g = args.heads_per_kv as i64;
+    args.seqlen_q = args.heads_per_kv;
+    args.heads_q /= args.heads_per_kv;
+    args.heads_per_kv = 1;
+    args.q_row_stride = args.q_head_stride;
+    args.q_head_stride *= g;
+    args.o_row_stride = args.o_head_stride;
+    args.o_head_stride *= g;
+    // Row r of new head h is query head h * g + r: LSE at b * heads_q + h * g + r.
+    args.lse_head_stride = g;
+    args.window_right = -1;
+}
+
+/// Byte offsets of the regions of a call's scratch memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScratchLayout {
+    /// `seqused_k`, i32 per batch (KV cache appends only).
+    pub seqused_k: usize,
+    /// `lse_partial`, f32 `[num_splits, batch, heads_q, seqlen_q]`.
+    pub lse_partial: usize,
+    /// `o_partial`, f32 `[num_splits, batch, heads_q, seqlen_q, head_dim]`.
+    pub o_partial: usize,
+    /// The whole scratch; 0 when the call needs none.
+    pub bytes: usize,
+}
+
+impl ScratchLayout {
+    /// Room for `seqused_len` i32 and, with more than one split, the partials.
+    fn new(args: &ForwardParams, head_dim: usize, seqused_len: usize) -> Result<Self> {
+        let overflow =
+            || Error::TooLarge { what: "split-KV scratch bytes", value: usize::MAX, max: isize::MAX as usize };
+        let round = |n: usize| n.checked_next_multiple_of(SCRATCH_ALIGN).ok_or_else(overflow);
+        let seqused_bytes = round(seqused_len * 4)?;
+        let (mut lse_bytes, mut o_bytes) = (0, 0);
+        if args.num_splits > 1 {
+            let rows = [args.num_splits as usize, args.batch as usize, args.heads_q as usize, args.seqlen_q as usize]
+                .into_iter()
+                .try_fold(1usize, |n, d| n.checked_mul(d))
+                .ok_or_else(overflow)?;
+            // The kernels index the partial rows with 32-bit integers.
+            if rows > u32::MAX as usize {
+                return Err(Error::TooLarge { what: "split-KV partial rows", value: rows, max: u32::MAX as usize });
+            }
+            lse_bytes = round(rows.checked_mul(4).ok_or_else(overflow)?)?;
+            o_bytes = round(rows.checked_mul(head_dim * 4).ok_or_else(overflow)?)?;
+        }
+        let lse_partial = seqused_bytes;
+        let o_partial = lse_partial + lse_bytes;
+        let bytes = o_partial.checked_add(o_bytes).ok_or_else(overflow)?;
+        if bytes > isize::MAX as usize {
+            return Err(overflow());
+        }
+        Ok(ScratchLayout { seqused_k: 0, lse_partial, o_partial, bytes })
+    }
+}
+
+/// A planned call: the kernels to launch, in order, with their argument
+/// blocks, less the output and scratch addresses that [`Plan::launches`]
+/// binds.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The attention kernel.
+    pub kernel: &'static AttentionKernel,
+    /// Its grid: `(num_splits * query blocks, heads, batch)`.
+    pub grid: [u32; 3],
+    /// Its arguments, GQA decode layout and split applied.
+    pub args: ForwardParams,
+    /// The append that runs before it, if any.
+    pub append: Option<Append>,
+    /// Grid x of the split-KV merge that runs after it (0: no merge).
+    pub combine_blocks: u32,
+    /// The scratch memory the call needs.
+    pub scratch: ScratchLayout,
+    /// Lengths to upload to the scratch's `seqused_k` before the kernels.
+    pub upload: Vec<i32>,
+    /// The outputs the call was validated with, if the caller gave them.
+    pub outputs: Outputs,
+}
+
+/// The addresses of a call's outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputAddrs {
+    pub o: u64,
+    pub lse: u64,
+}
+
+/// A kernel's argument block.
+#[derive(Clone, Copy, Debug)]
+pub enum KernelArgs {
+    Forward(ForwardParams),
+    Combine(CombineParams),
+    Append(AppendParams),
+}
+
+/// One kernel launch of a bound plan.
+#[derive(Clone, Copy, Debug)]
+pub struct Launch {
+    pub kernel: Kernel,
+    pub grid: [u32; 3],
+    pub threads: u32,
+    pub smem_bytes: u32,
+    pub args: KernelArgs,
+}
+
+impl Plan {
+    /// The launches of the call, in order (the append, the attention, the
+    /// split-KV merge), with the outputs at `outputs` (the validated ones
+    /// when the caller gave them) and the scratch memory at `scratch` (at
+    /// least [`ScratchLayout::bytes`], 256-byte aligned, the uploaded
+    /// lengths already written there).
+    pub fn launches(&self, outputs: OutputAddrs, scratch: u64) -> Vec<Launch> {
+        let mut args = self.args;
+        args.o = outputs.o as *mut u16;
+        args.lse = outputs.lse as *mut f32;
+        if !self.upload.is_empty() {
+            args.seqused_k = (scratch + self.scratch.seqused_k as u64) as *const i32;
+        }
+        if args.num_splits > 1 {
+            args.lse_partial = (scratch + self.scratch.lse_partial as u64) as *mut f32;
+            args.o_partial = (scratch + self.scratch.o_partial as u64) as *mut f32;
+        }
+        let mut launches = Vec::with_capacity(3);
+        if let Some(append) = &self.append {
+            launches.push(Launch {
+                kernel: Kernel::Append,
+                grid: append.grid,
+                threads: APPEND_THREADS,
+                smem_bytes: 0,
+                args: KernelArgs::Append(append.params),
+            });
+        }
+        let config = self.kernel.config;
+        launches.push(Launch {
+            kernel: Kernel::Attention(self.kernel),
+            grid: self.grid,
+            threads: config.threads(),
+            smem_bytes: config.smem_bytes(),
+            args: KernelArgs::Forward(args),
+        });
+        if args.num_splits > 1 {
+            launches.push(Launch {
+                kernel: Kernel::Combine(self.kernel.dtype),
+                grid: [self.combine_blocks, 1, 1],
+                threads: COMBINE_THREADS,
+                smem_bytes: 0,
+                args: KernelArgs::Combine(CombineParams::of(&args, self.kernel.head_dim)),
+            });
+        }
+        launches
+    }
+}
+
+/// Plans `call`: the GQA decode layout where it applies, the split
+/// (`call.num_splits` or the heuristic, with `wave` the CTAs of a kernel
+/// that the GPU runs at once), the kernel, the grid and the scratch.
+pub fn plan(call: &Call, wave: impl Fn(&AttentionKernel) -> usize) -> Result<Plan> {
+    let head_dim = call.problem.head_dim;
+    let kernel_of = |variant| {
+        u32::try_from(head_dim)
+            .ok()
+            .and_then(|d| attention_kernel(d, call.dtype, variant))
+            .ok_or(Error::UnsupportedHeadDim(head_dim))
+    };
+    let mut args = forward_params(call);
+    let swapped = gqa_decode_applies(call);
+    if swapped {
+        swap_gqa_decode(&mut args);
+    }
+    let batch = args.batch as usize;
+    let rows = args.seqlen_q as usize;
+    let heads_q = args.heads_q as usize;
+    let decode = kernel_of(Variant::Decode)?;
+    let split_kernel = if rows <= decode.config.block_m as usize { decode } else { kernel_of(Variant::General)? };
+    let num_splits = call.num_splits.unwrap_or_else(|| {
+        let ctas = rows.div_ceil(split_kernel.config.block_m as usize).saturating_mul(heads_q).saturating_mul(batch);
+        let key_blocks = (args.seqlen_k as usize).div_ceil(split_kernel.config.block_n as usize);
+        num_splits_heuristic(ctas, key_blocks, wave(split_kernel))
+    });
+    args.num_splits = num_splits as u32;
+    // The causal mask of a swapped call is void: the dense kernel without it.
+    let kernel = if call.needs_general() || num_splits > 1 {
+        split_kernel
+    } else if call.mask == Mask::Causal && !swapped {
+        kernel_of(Variant::Causal)?
+    } else {
+        kernel_of(Variant::Full)?
+    };
+    let grid_x = rows.div_ceil(kernel.config.block_m as usize).saturating_mul(num_splits);
+    if grid_x > MAX_GRID_X {
+        return Err(Error::TooLarge { what: "query blocks * num_splits", value: grid_x, max: MAX_GRID_X });
+    }
+    let upload = match &call.sequences {
+        Sequences::Cache { lengths: CacheLengths::Upload(lengths), .. } => lengths.clone(),
+        _ => Vec::new(),
+    };
+    // First: it bounds the partial rows, which the merge counts below.
+    let scratch = ScratchLayout::new(&args, head_dim, upload.len())?;
+    let mut combine_blocks = 0;
+    if num_splits > 1 {
+        let merged_rows = rows * heads_q * batch;
+        combine_blocks = combine_grid(merged_rows as u64, head_dim as u32) as usize;
+        // The merge numbers its warps (block * COMBINE_WARPS + warp) in u32.
+        if combine_blocks > MAX_COMBINE_BLOCKS {
+            return Err(Error::TooLarge {
+                what: "split-KV merge blocks",
+                value: combine_blocks,
+                max: MAX_COMBINE_BLOCKS,
+            });
+        }
+    }
+    Ok(Plan {
+        kernel,
+        grid: [grid_x as u32, heads_q as u32, batch as u32],
+        args,
+        append: call.append,
+        combine_blocks: combine_blocks as u32,
+        scratch,
+        upload,
+        outputs: call.outputs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{Alibi, LseLayout, TensorAt};
+    use crate::validate::Problem;
+    use flash_attn_abi::config;
+    use flash_attn_abi::kernels::Dtype;
+
+    /// H100: 132 SMs; say 6 decode CTAs or 2 prefill CTAs per SM.
+    fn h100(kernel: &AttentionKernel) -> usize {
+        match kernel.variant {
+            Variant::Decode => 132 * 6,
+            _ => 132 * 2,
+        }
+    }
+
+    /// Contiguous q/o `[batch, seqlen_q, heads_q, d]`, k/v `[batch, seqlen_k, heads_kv, d]`, f16.
+    fn call(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, d: usize) -> Call {
+        let at =
+            |addr: u64, s: usize, h: usize| TensorAt { addr, strides: [(s * h * d) as i64, (h * d) as i64, d as i64] };
+        Call {
+            dtype: Dtype::F16,
+            problem: Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim: d },
+            q: at(4096, seqlen_q, heads_q),
+            k: at(8192, seqlen_k, heads_kv),
+            v: at(8192, seqlen_k, heads_kv),
+            o_strides: at(0, seqlen_q, heads_q).strides,
+            lse: LseLayout { batch_stride: (heads_q * seqlen_q) as i64, head_stride: seqlen_q as i64 },
+            outputs: Outputs::Fresh,
+            scale: 0.1,
+            mask: Mask::None,
+            softcap: None,
+            alibi: None,
+            sequences: Sequences::Dense,
+            num_splits: None,
+            append: None,
+        }
+    }
+
+    fn causal(c: Call) -> Call {
+        Call { mask: Mask::Causal, ..c }
+    }
+
+    fn splits(c: Call, n: usize) -> Call {
+        Call { num_splits: Some(n), ..c }
+    }
+
+    const NO_OUTPUTS: OutputAddrs = OutputAddrs { o: 0, lse: 0 };
+
+    fn forward_args(plan: &Plan) -> ForwardParams {
+        match plan.launches(NO_OUTPUTS, 0).iter().find_map(|l| match l.args {
+            KernelArgs::Forward(a) => Some(a),
+            _ => None,
+        }) {
+            Some(args) => args,
+            None => panic!("no attention launch"),
+        }
+    }
+
+    #[test]
+    fn heuristic_does_not_split_a_grid_that_fills_most_of_a_wave() {
+        assert_eq!(num_splits_heuristic(792, 4096, 792), 1);
+        assert_eq!(num_splits_heuristic(634, 4096, 792), 1); // 80%
+        assert_eq!(num_splits_heuristic(10_000, 4096, 792), 1);
+        // Between half a wave and 80%, two splits fill no more of their
+        // waves than one does.
+        assert_eq!(num_splits_heuristic(600, 4096, 792), 1);
+        assert_eq!(num_splits_heuristic(300, 4096, 792), 2);
+    }
+
+    #[test]
+    fn heuristic_fills_about_one_wave() {
+        // Decode, batch 64 of 4 KV heads (GQA layout): 256 CTAs, 792 slots.
+        // 3 splits fill 97% of one wave; 4 would start a second wave at 29%.
+        assert_eq!(num_splits_heuristic(256, 512, 792), 3);
+        // Batch 16: 64 CTAs, 12 splits fill 97%.
+        assert_eq!(num_splits_heuristic(64, 512, 792), 12);
+        // Batch 1: 4 CTAs would need 198 splits; capped at 128.
+        assert_eq!(num_splits_heuristic(4, 2048, 792), MAX_SPLITS);
+    }
+
+    #[test]
+    fn heuristic_keeps_enough_key_blocks_per_split() {
+        // 32 key blocks leave at most 8 splits of 4 blocks.
+        assert_eq!(num_splits_heuristic(4, 32, 792), 8);
+        // Fewer than 8 key blocks: no split.
+        assert_eq!(num_splits_heuristic(4, 7, 792), 1);
+        assert_eq!(num_splits_heuristic(4, 0, 792), 1);
+        for key_blocks in 0..600 {
+            for ctas in [1, 3, 17, 100, 400] {
+                let splits = num_splits_heuristic(ctas, key_blocks, 792);
+                assert!((1..=MAX_SPLITS).contains(&splits));
+                assert!(splits == 1 || key_blocks / splits >= MIN_KEY_BLOCKS_PER_SPLIT, "{ctas} {key_blocks}");
+                // No empty split: the last one gets at least one block.
+                assert!(key_blocks.div_ceil(key_blocks.div_ceil(splits).max(1)) >= splits.min(key_blocks));
+            }
+        }
+    }
+
+    #[test]
+    fn heuristic_leaves_no_split_empty() {
+        // 9 key blocks wanted in 2 splits -> 5 + 4; 41 blocks in 10 -> 5 each
+        // over 9 splits (ceil(41 / 10) = 5 blocks, 9 splits cover them).
+        assert_eq!(num_splits_heuristic(100, 9, 792), 2);
+        assert_eq!(num_splits_heuristic(79, 41, 792), 9);
+    }
+
+    #[test]
+    fn the_heuristic_takes_any_sizes() {
+        for (ctas, key_blocks, wave) in
+            [(1 << 61, 4096, usize::MAX), (usize::MAX, usize::MAX, usize::MAX), (1, usize::MAX, 2)]
+        {
+            assert!((1..=MAX_SPLITS).contains(&num_splits_heuristic(ctas, key_blocks, wave)));
+        }
+    }
+
+    #[test]
+    fn dense_calls_without_features_run_the_dense_kernels() {
+        // 4 query blocks * 8 heads * 16 batches = 512 CTAs: no split.
+        let plan = plan(&call(16, 1000, 1000, 8, 8, 128), h100).unwrap();
+        assert_eq!(plan.kernel.variant, Variant::Full);
+        assert_eq!(plan.grid, [4, 8, 16]); // ceil(1000 / 256) query blocks
+        assert_eq!(plan.args.num_splits, 1);
+        assert_eq!(plan.scratch.bytes, 0);
+        assert_eq!(plan.combine_blocks, 0);
+        assert_eq!(plan.kernel.config, config::tile_config(128).unwrap());
+        let causal_plan = super::plan(&causal(call(16, 1000, 1000, 8, 8, 128)), h100).unwrap();
+        assert_eq!(causal_plan.kernel.variant, Variant::Causal);
+        // The causal kernels' own shape: the launch's shared memory must be
+        // theirs (at d=64, one K/V stage against the dense kernels' two).
+        assert_eq!(causal_plan.kernel.config, config::causal_tile_config(128).unwrap());
+        assert_eq!(causal_plan.grid, [8, 8, 16]); // ceil(1000 / 128): 4 warps, not the dense 8
+        assert_eq!((causal_plan.args.window_left, causal_plan.args.window_right), (-1, 0));
+        let causal_64 = super::plan(&causal(call(16, 1000, 1000, 8, 8, 64)), h100).unwrap();
+        let dense_64 = super::plan(&call(16, 1000, 1000, 8, 8, 64), h100).unwrap();
+        assert_eq!(causal_64.kernel.variant, Variant::Causal);
+        assert!(causal_64.kernel.config.smem_bytes() < dense_64.kernel.config.smem_bytes());
+        // Forced not to split, a small grid stays dense too.
+        let small = splits(causal(call(1, 1000, 1000, 8, 8, 128)), 1);
+        assert_eq!(super::plan(&small, h100).unwrap().kernel.variant, Variant::Causal);
+    }
+
+    #[test]
+    fn a_small_dense_grid_over_many_keys_is_split_on_the_general_kernel() {
+        // 8 query blocks * 8 heads * 2 batches = 128 CTAs of 264 slots; 32
+        // key blocks allow 8 splits; 2 fill 97% of a wave.
+        let plan = plan(&call(2, 1000, 1000, 8, 8, 128), h100).unwrap();
+        assert_eq!(plan.kernel.variant, Variant::General);
+        assert_eq!(plan.args.num_splits, 2);
+        assert_eq!(plan.grid, [16, 8, 2]);
+        assert_eq!(plan.combine_blocks as usize, (2 * 8 * 1000 * 128 / 8usize).div_ceil(4));
+    }
+
+    #[test]
+    fn features_select_the_general_or_decode_kernel_by_rows() {
+        let windowed = Call { mask: Mask::Window { left: Some(256), right: None }, ..call(2, 1000, 1000, 8, 8, 64) };
+        let general = plan(&splits(windowed, 1), h100).unwrap();
+        assert_eq!(general.kernel.variant, Variant::General);
+        assert_eq!((general.args.window_left, general.args.window_right), (256, -1));
+        assert_eq!(general.kernel.config, config::general_tile_config(64).unwrap());
+        let short = Call { softcap: Some(10.0), ..call(2, 16, 1000, 8, 8, 64) };
+        let decode = plan(&splits(short.clone(), 1), h100).unwrap();
+        assert_eq!(decode.kernel.variant, Variant::Decode);
+        assert_eq!(decode.kernel.config, config::decode_tile_config(64).unwrap());
+        assert_eq!(decode.grid, [1, 8, 2]);
+        assert!(decode.args.softcap_scale > 0.0);
+        let seventeen = Call { problem: Problem { seqlen_q: 17, ..short.problem }, ..short };
+        assert_eq!(plan(&splits(seventeen, 1), h100).unwrap().kernel.variant, Variant::General);
+    }
+
+    #[test]
+    fn splits_multiply_grid_x_and_lay_out_the_partials() {
+        let plan = plan(&splits(call(3, 200, 5000, 4, 4, 128), 3), h100).unwrap();
+        assert_eq!(plan.kernel.variant, Variant::General);
+        assert_eq!(plan.args.num_splits, 3);
+        assert_eq!(plan.grid, [3 * 2, 4, 3]);
+        let rows = 3 * 3 * 4 * 200usize;
+        assert_eq!(plan.scratch.lse_partial, 0);
+        assert_eq!(plan.scratch.o_partial, (rows * 4).next_multiple_of(256));
+        assert_eq!(plan.scratch.bytes, plan.scratch.o_partial + rows * 128 * 4);
+        assert_eq!(plan.combine_blocks as usize, (3 * 4 * 200 * 128 / 8usize).div_ceil(4));
+        // The launches: the attention into the partials, then the merge.
+        let launches = plan.launches(OutputAddrs { o: 1 << 20, lse: 1 << 21 }, 1 << 30);
+        assert_eq!(launches.len(), 2);
+        let KernelArgs::Forward(args) = launches[0].args else { panic!("attention first") };
+        assert_eq!(args.o_partial as u64, (1 << 30) + plan.scratch.o_partial as u64);
+        let KernelArgs::Combine(merge) = launches[1].args else { panic!("merge second") };
+        assert_eq!((merge.o as u64, merge.lse as u64, merge.num_splits), (1 << 20, 1 << 21, 3));
+        assert_eq!(launches[1].kernel, Kernel::Combine(Dtype::F16));
+    }
+
+    #[test]
+    fn the_heuristic_splits_a_small_grid_over_many_keys() {
+        // One query row, MHA (no GQA layout), 16k keys: 2 * 8 CTAs.
+        let plan = plan(&call(2, 1, 16384, 8, 8, 128), h100).unwrap();
+        assert_eq!(plan.kernel.variant, Variant::Decode);
+        let key_blocks = 16384 / config::decode_tile_config(128).unwrap().block_n as usize;
+        assert_eq!(plan.args.num_splits as usize, num_splits_heuristic(16, key_blocks, 132 * 6));
+        assert!(plan.args.num_splits > 1);
+    }
+
+    #[test]
+    fn gqa_decode_views_query_heads_as_rows_of_their_kv_head() {
+        // q [4, 1, 32, 128] over 4 KV heads: g = 8.
+        let plan = plan(&splits(causal(call(4, 1, 4096, 32, 4, 128)), 1), h100).unwrap();
+        let a = forward_args(&plan);
+        assert_eq!((a.seqlen_q, a.heads_q, a.heads_per_kv), (8, 4, 1));
+        assert_eq!((a.q_batch_stride, a.q_row_stride, a.q_head_stride), (32 * 128, 128, 8 * 128));
+        assert_eq!((a.o_batch_stride, a.o_row_stride, a.o_head_stride), (32 * 128, 128, 8 * 128));
+        // Key/value strides are untouched.
+        assert_eq!((a.k_batch_stride, a.k_row_stride, a.k_head_stride), (4096 * 4 * 128, 4 * 128, 128));
+        // LSE [4, 32, 1]: row r of KV head h is query head h * 8 + r.
+        assert_eq!((a.lse_batch_stride, a.lse_head_stride), (32, 8));
+        // The one row sees every key: the causal mask is dropped.
+        assert_eq!((a.window_left, a.window_right), (-1, -1));
+        // 8 rows fit the decode kernel's 16; no feature, no split: dense.
+        assert_eq!(plan.kernel.variant, Variant::Full);
+        assert_eq!(plan.grid, [1, 4, 4]);
+    }
+
+    #[test]
+    fn gqa_decode_layout_maps_every_query_head_to_its_own_slot() {
+        let (heads_q, heads_kv, d) = (12usize, 3usize, 64usize);
+        let c = call(1, 1, 100, heads_q, heads_kv, d);
+        assert!(gqa_decode_applies(&c));
+        let mut a = forward_params(&c);
+        swap_gqa_decode(&mut a);
+        let g = heads_q / heads_kv;
+        let mut q_seen = vec![false; heads_q];
+        let mut lse_seen = vec![false; heads_q];
+        for h in 0..a.heads_q as i64 {
+            for r in 0..a.seqlen_q as i64 {
+                let q = (r * a.q_row_stride + h * a.q_head_stride) as usize / d;
+                let lse = (h * a.lse_head_stride + r) as usize;
+                // The KV head of the new head h must be the original head's.
+                assert_eq!(q / g, h as usize);
+                assert_eq!(q, lse);
+                q_seen[q] = true;
+                lse_seen[lse] = true;
+            }
+        }
+        assert!(q_seen.iter().all(|&s| s) && lse_seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn gqa_decode_layout_only_where_it_is_exact() {
+        let applies = |f: &dyn Fn(&mut Call)| {
+            let mut c = call(1, 1, 100, 8, 2, 64);
+            f(&mut c);
+            gqa_decode_applies(&c)
+        };
+        assert!(applies(&|_| {}));
+        assert!(applies(&|c| c.softcap = Some(2.0)));
+        assert!(applies(&|c| c.mask = Mask::Causal));
+        assert!(!applies(&|c| c.mask = Mask::Window { left: Some(10), right: None }));
+        assert!(!applies(&|c| c.mask = Mask::Window { left: None, right: Some(3) }));
+        assert!(!applies(&|c| c.alibi = Some(Alibi { addr: 256, batch_stride: 0 })));
+        assert!(!applies(&|c| c.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512 }));
+        // Heads too far apart to be the kernels' rows.
+        let past = MAX_ROW_STRIDE as i64 + 8;
+        assert!(applies(&|c| c.q.strides[2] = past - 8));
+        assert!(!applies(&|c| c.q.strides[2] = past));
+        assert!(!applies(&|c| c.o_strides[2] = past));
+        assert!(!gqa_decode_applies(&call(1, 2, 100, 8, 2, 64)));
+        assert!(!gqa_decode_applies(&call(1, 1, 100, 8, 8, 64)));
+    }
+
+    #[test]
+    fn uploaded_lengths_need_the_general_kernels_and_come_first_in_scratch() {
+        let cache = |c: Call| Call {
+            sequences: Sequences::Cache { lengths: CacheLengths::Upload(vec![1000; c.problem.batch]), pages: None },
+            ..c
+        };
+        let plan = plan(&splits(cache(call(3, 1, 1000, 8, 8, 64)), 1), h100).unwrap();
+        assert_eq!(plan.kernel.variant, Variant::Decode);
+        assert_eq!(
+            super::plan(&splits(cache(call(3, 40, 1000, 8, 8, 64)), 1), h100).unwrap().kernel.variant,
+            Variant::General
+        );
+        let split = super::plan(&splits(cache(call(5, 1, 3000, 8, 8, 64)), 2), h100).unwrap();
+        assert_eq!(split.scratch.seqused_k, 0);
+        assert_eq!(split.scratch.lse_partial, 256);
+        let rows = 2 * 5 * 8usize;
+        assert_eq!(split.scratch.o_partial, 256 + (rows * 4).next_multiple_of(256));
+        assert_eq!(split.scratch.bytes, split.scratch.o_partial + (rows * 64 * 4).next_multiple_of(256));
+        let launches = split.launches(NO_OUTPUTS, 1 << 30);
+        let KernelArgs::Forward(args) = launches[0].args else { panic!("attention first") };
+        assert_eq!(args.seqused_k as u64, 1 << 30);
+        let unsplit = super::plan(&splits(cache(call(5, 1, 3000, 8, 8, 64)), 1), h100).unwrap();
+        assert_eq!(unsplit.scratch.bytes, 256);
+    }
+
+    #[test]
+    fn partial_rows_past_32_bit_indices_are_refused() {
+        // 128 splits * 2^10 batches * 2^15 rows * 1 head = 2^32 rows.
+        let long = splits(call(1 << 10, 1 << 15, 1 << 20, 1, 1, 64), MAX_SPLITS);
+        let err = plan(&long, h100).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { what: "split-KV partial rows", .. }), "{err}");
+        let shorter = Call { problem: Problem { batch: (1 << 10) - 1, ..long.problem }, ..long };
+        assert!(plan(&shorter, h100).is_ok());
+    }
+
+    #[test]
+    fn merge_warps_past_32_bit_indices_are_refused() {
+        // d = 256: 32 warps per merged row. 2^27 rows are 2^32 warps, the
+        // merge's u32 warp index's range; one row more is past it.
+        let rows = 1 << 27;
+        let plan_of = |rows| plan(&splits(call(1, rows, 64, 1, 1, 256), 2), h100);
+        assert_eq!(plan_of(rows).unwrap().combine_blocks, 1 << 30);
+        let err = plan_of(rows + 1).unwrap_err();
+        assert_eq!(err, Error::TooLarge { what: "split-KV merge blocks", value: (1 << 30) + 8, max: 1 << 30 });
+    }
+
+    #[test]
+    fn partial_rows_are_bounded_before_the_merge_counts_them() {
+        // 2^63 rows of 32 merge warps each would overflow the count.
+        let huge = splits(call(65_535, crate::MAX_SEQLEN, 64, 65_535, 65_535, 256), 2);
+        let err = plan(&huge, h100).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { what: "split-KV partial rows", .. }), "{err}");
+    }
+
+    #[test]
+    fn grids_past_the_launch_limit_are_refused() {
+        let huge = splits(call(1, i32::MAX as usize, 64, 1, 1, 64), MAX_SPLITS);
+        let err = plan(&huge, h100).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { what: "query blocks * num_splits", .. }), "{err}");
+    }
+}
