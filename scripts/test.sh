@@ -3,8 +3,9 @@
 # then checks formatting, lints, that the committed PTX is fresh and spill-free
 # (ptxas), and runs every test. The GPU tests run on a GPU and otherwise print
 # that they were skipped and why; everything else asserts on the CPU, including
-# the kernels' own code run on the CPU emulator (kernels/tests), then the
-# validation property test once more in a debug build with overflow checks.
+# the kernels' own code run on the CPU emulator, then the validation property
+# test once more in a debug build with overflow checks, the benchmark's CPU
+# tests, and the packaging of the user-facing crates.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
@@ -28,6 +29,14 @@ cargo test --manifest-path kernels/Cargo.toml --release 2>&1 | tee -a "$log"
 # its PROPTEST_CASES (default 60000); counted once above, in the release run.
 echo "== validation property test, debug build with overflow checks"
 CARGO_PROFILE_DEV_OVERFLOW_CHECKS=true cargo test -p flash-attn --lib bounds_tests
+# The benchmark's CPU-side tests: its timing against a simulated GPU, NVML
+# through a stand-in library, bench_torch.py's tables with stand-in peers.
+echo "== benchmark, CPU side"
+bash scripts/test-bench-cpu.sh
+# The user-facing crates package, with the committed PTX inside, and build
+# from their packages.
+echo "== cargo package"
+cargo package --allow-dirty -p flash-attn-abi -p flash-attn
 # Totals over every test binary; GPU tests that found no GPU count as skipped.
 read -r passed failed < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } } END { print p + 0, f + 0 }' "$log")
 skipped=$(grep -c '^SKIPPED ' "$log" || true)
