@@ -6,7 +6,7 @@ use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
 use flash_attn_abi::kernels::AttentionKernel;
 
-use crate::call::{Call, Outputs};
+use crate::call::Call;
 use crate::context::ContextRef;
 use crate::error::Result;
 use crate::kvcache::KvCache;
@@ -109,10 +109,10 @@ impl FlashAttention {
         params: &AttentionParams,
         stream: &Stream,
     ) -> Result<Problem> {
-        let outputs =
-            OutputBuffers::Given { o: &o.placed("o"), lse_addr: lse.as_device_ptr().as_raw(), lse_len: lse.len() };
+        let (o, lse_addr) = (o.placed("o"), lse.as_device_ptr().as_raw());
+        let outputs = OutputBuffers::Given { o: &o, lse_addr, lse_len: lse.len() };
         let call = validate(T::DTYPE, &q.placed("q"), &k.placed("k"), &v.placed("v"), outputs, params)?;
-        self.run(&call, &mut Scratch::per_call(stream), stream)
+        self.run(&call, OutputAddrs { o: o.addr, lse: lse_addr }, &mut Scratch::per_call(stream), stream)
     }
 
     /// Attention over a variable-length batch: sequences packed one after
@@ -185,10 +185,10 @@ impl FlashAttention {
         stream: &Stream,
     ) -> Result<Problem> {
         let (q, k, v) = (q.placed("q"), k.placed("k"), v.placed("v"));
-        let outputs =
-            OutputBuffers::Given { o: &o.placed("o"), lse_addr: lse.as_device_ptr().as_raw(), lse_len: lse.len() };
+        let (o, lse_addr) = (o.placed("o"), lse.as_device_ptr().as_raw());
+        let outputs = OutputBuffers::Given { o: &o, lse_addr, lse_len: lse.len() };
         let call = validate_varlen(T::DTYPE, &q, &k, &v, cu_seqlens_q.arg(), cu_seqlens_k.arg(), outputs, params)?;
-        self.run(&call, &mut Scratch::per_call(stream), stream)
+        self.run(&call, OutputAddrs { o: o.addr, lse: lse_addr }, &mut Scratch::per_call(stream), stream)
     }
 
     /// Attention of `q` (`[batch, seqlen_q, heads_q, d]`) over a KV cache,
@@ -262,10 +262,10 @@ impl FlashAttention {
         workspace: &mut Workspace,
         stream: &Stream,
     ) -> Result<Problem> {
-        let outputs =
-            OutputBuffers::Given { o: &o.placed("o"), lse_addr: lse.as_device_ptr().as_raw(), lse_len: lse.len() };
+        let (o, lse_addr) = (o.placed("o"), lse.as_device_ptr().as_raw());
+        let outputs = OutputBuffers::Given { o: &o, lse_addr, lse_len: lse.len() };
         let call = validate_kvcache(T::DTYPE, &q.placed("q"), &cache.args(), outputs, params)?;
-        self.run(&call, &mut Scratch::Workspace(workspace), stream)
+        self.run(&call, OutputAddrs { o: o.addr, lse: lse_addr }, &mut Scratch::Workspace(workspace), stream)
     }
 
     /// Plans `call` for this GPU: the split heuristic's wave is the CTAs of
@@ -274,11 +274,10 @@ impl FlashAttention {
         plan(call, |kernel: &AttentionKernel| self.module.wave(kernel))
     }
 
-    /// Plans and launches a call whose outputs the caller gave.
-    fn run(&self, call: &Call, scratch: &mut Scratch, stream: &Stream) -> Result<Problem> {
+    /// Plans and launches a call into the outputs the caller gave, at `outputs`.
+    fn run(&self, call: &Call, outputs: OutputAddrs, scratch: &mut Scratch, stream: &Stream) -> Result<Problem> {
         let plan = self.plan(call)?;
-        let Outputs::Given { o, lse } = call.outputs else { unreachable!("run takes calls with given outputs") };
-        launch(&self.module, &plan, OutputAddrs { o: o.addr, lse }, scratch, stream)?;
+        launch(&self.module, &plan, outputs, scratch, stream)?;
         Ok(call.problem)
     }
 
