@@ -1,5 +1,8 @@
 //! Shared code of the GPU integration tests and the benchmark: random
-//! inputs, strided uploads, and running one case against the f64 reference.
+//! inputs, strided uploads, and running one case against the f64 reference;
+//! and the [`emulator`] driver, which runs the host's pipeline on the CPU
+//! emulator for the emulator tests, the cross-check and the `emulate`
+//! example.
 
 use flash_attn::cust::context::Context;
 use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
@@ -7,6 +10,8 @@ use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::reference::{self, ReferenceOutput, ReferenceProblem};
 use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, TensorMut};
 use rand::Rng;
+
+pub mod emulator;
 
 /// An element type under test: conversions and the error budget.
 pub trait TestElement: Element + Copy + Default {
