@@ -278,6 +278,12 @@ fn gpu_bundle() -> Result<()> {
         if message["profile"]["test"] != serde_json::Value::Bool(true) {
             continue;
         }
+        // The kernels on the CPU emulator (about a minute of CPU): nothing
+        // for the GPU run or its four sanitizer passes to cover;
+        // scripts/test.sh runs them.
+        if name == "emulator_attention" {
+            continue;
+        }
         let kind = message["target"]["kind"][0].as_str().unwrap_or("");
         let dest = bundle
             .join("bin")
