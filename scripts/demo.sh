@@ -2,7 +2,8 @@
 # The main job, from a fresh clone: sets up, then runs attention on the GPU
 # against the f64 reference (host/examples/demo.rs). Without a usable GPU it
 # says so and runs the same kernel code on the CPU emulator instead, on a
-# small shape (kernels/examples/emulate.rs).
+# small shape, through the same validation and plan
+# (tests/examples/emulate.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
@@ -10,6 +11,6 @@ status=0
 cargo run --quiet --release -p flash-attn --example demo || status=$?
 if [ "$status" = 2 ]; then
   echo "demo: no GPU here, so running the kernels' own Rust code on the CPU emulator instead (small shape):"
-  exec cargo run --quiet --release --manifest-path kernels/Cargo.toml --example emulate
+  exec cargo run --quiet --release -p flash-attn-tests --example emulate
 fi
 exit "$status"

@@ -11,9 +11,12 @@
 //! [`ceiling`] register-only MMAs, the benchmark's ceiling.
 //!
 //! On the host the same code compiles against an emulation of every
-//! primitive ([`emu`]), which runs the kernels on the CPU; [`emulated`]
-//! drives the attention kernels that way and checks them against an f64
-//! reference.
+//! primitive ([`emu`]), which runs the kernels on the CPU: [`entry::KERNELS`]
+//! lists the attention kernels as plain functions. The host crate's own
+//! pipeline drives them there (validation, plan, launches, with host memory
+//! for device memory): `flash_attn_tests::emulator` in `tests/`, whose
+//! `tests/emulator_attention.rs` checks every kernel and feature against
+//! the f64 reference (`flash_attn::reference`).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, link_llvm_intrinsics))]
 // The barriers are LLVM intrinsics (convergent, unlike `asm!`); see arch/ptx.rs.
@@ -28,8 +31,6 @@ pub mod arch;
 pub mod ceiling;
 pub mod combine;
 pub mod element;
-#[cfg(not(target_arch = "nvptx64"))]
-pub mod emulated;
 pub mod entry;
 pub mod epilogue;
 pub mod forward;
@@ -38,8 +39,6 @@ pub mod mma;
 pub mod pipeline;
 pub mod probe;
 pub mod problem;
-#[cfg(not(target_arch = "nvptx64"))]
-pub mod reference;
 pub mod softmax;
 pub mod warp_merge;
 

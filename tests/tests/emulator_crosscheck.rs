@@ -10,12 +10,12 @@ use flash_attn::cust::function::{BlockSize, GridSize};
 use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
+use flash_attn::ATTENTION_KERNELS;
 use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, PTX};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
-use flash_attn_kernels::emulated::{self, Tensor as HostTensor};
-use flash_attn_kernels::emulated::{Dtype, DtypeValues};
-use flash_attn_kernels::entry::kernel;
 use flash_attn_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
+use flash_attn_tests::emulator::{self, Tensor as HostTensor};
+use flash_attn_tests::emulator::{Dtype, DtypeValues};
 use flash_attn_tests::gpu;
 use rand::Rng;
 
@@ -272,21 +272,14 @@ fn gpu_forward<T: Element>(
     q: &HostTensor,
     k: &HostTensor,
     v: &HostTensor,
-    causal: bool,
+    params: &AttentionParams,
 ) -> (Vec<u16>, Vec<f32>) {
     let upload =
         |t: &HostTensor| DeviceBuffer::from_slice(&t.data().iter().map(|&b| to(b)).collect::<Vec<T>>()).unwrap();
     let (qd, kd, vd) = (upload(q), upload(k), upload(v));
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     let out = attention
-        .forward(
-            Tensor::new(&qd, q.shape),
-            Tensor::new(&kd, k.shape),
-            Tensor::new(&vd, v.shape),
-            // Unsplit, so that the GPU runs the dense kernel the emulator runs.
-            &AttentionParams { causal, num_splits: Some(1), ..Default::default() },
-            &stream,
-        )
+        .forward(Tensor::new(&qd, q.shape), Tensor::new(&kd, k.shape), Tensor::new(&vd, v.shape), params, &stream)
         .expect("forward");
     stream.synchronize().unwrap();
     let mut o = vec![to(0); out.o.len()];
@@ -302,37 +295,24 @@ fn attention_kernels_match_the_gpu() {
         ["flash_fwd_d64_f16_causal", "flash_fwd_d64_bf16_full", "flash_fwd_d128_f16_full", "flash_fwd_d128_bf16_causal"]
     {
         for (seqlen_q, seqlen_k) in [(100, 133), (133, 65)] {
-            let host_kernel = kernel(name).expect("kernel");
-            let d = host_kernel.kernel.config.head_dim as usize;
+            let kernel = ATTENTION_KERNELS.iter().find(|k| k.name == name).expect("kernel");
+            let (d, dtype) = (kernel.head_dim as usize, kernel.dtype);
+            let causal = kernel.variant == flash_attn_abi::kernels::Variant::Causal;
             let (q_shape, kv_shape) = ([2, seqlen_q, 4, d], [2, seqlen_k, 2, d]);
-            let dtype = host_kernel.kernel.dtype;
             let mut tensor = |shape| {
                 seed = seed.wrapping_add(1);
                 HostTensor::random(shape, HostTensor::contiguous_strides(shape), dtype, seed)
             };
             let (q, k, v) = (tensor(q_shape), tensor(kv_shape), tensor(kv_shape));
-            let scale = 1.0 / (d as f32).sqrt();
-            let emulated = emulated::forward(host_kernel, &q, &k, &v, HostTensor::contiguous_strides(q_shape), scale)
+            // Unsplit, as on the GPU below: both plans run the dense kernel.
+            let params = AttentionParams { causal, num_splits: Some(1), ..Default::default() };
+            let strides = HostTensor::contiguous_strides(q_shape);
+            let (emulated, plan) = emulator::forward(dtype, &q, &k, &v, strides, &params, 0)
                 .unwrap_or_else(|e| panic!("{name}: emulator: {e}"));
+            assert_eq!(plan.kernel.name, name, "the emulator's plan");
             let (gpu_o, gpu_lse) = match dtype {
-                Dtype::F16 => gpu_forward(
-                    &attention,
-                    f16::from_bits,
-                    |x: f16| x.to_bits(),
-                    &q,
-                    &k,
-                    &v,
-                    host_kernel.kernel.variant == flash_attn_abi::kernels::Variant::Causal,
-                ),
-                Dtype::Bf16 => gpu_forward(
-                    &attention,
-                    bf16::from_bits,
-                    |x: bf16| x.to_bits(),
-                    &q,
-                    &k,
-                    &v,
-                    host_kernel.kernel.variant == flash_attn_abi::kernels::Variant::Causal,
-                ),
+                Dtype::F16 => gpu_forward(&attention, f16::from_bits, |x: f16| x.to_bits(), &q, &k, &v, &params),
+                Dtype::Bf16 => gpu_forward(&attention, bf16::from_bits, |x: bf16| x.to_bits(), &q, &k, &v, &params),
             };
             let emu_o = emulated.o.data();
             let identical = gpu_o.iter().zip(emu_o).filter(|(a, b)| a == b).count();

@@ -3,8 +3,8 @@
 
 use flash_attn_kernels::arch;
 use flash_attn_kernels::emu::{launch, Error, FaultKind, GlobalRegion, LaunchConfig};
-use flash_attn_kernels::emulated::{forward_params, launch_config, Tensor, POISON};
 use flash_attn_kernels::entry::kernel;
+use flash_attn_kernels::params::{ForwardParams, ForwardSizes, TensorArg};
 
 use super::run_block;
 
@@ -24,25 +24,38 @@ fn hex_after(text: &str, prefix: &str) -> usize {
     usize::from_str_radix(&digits, 16).unwrap()
 }
 
+/// One row of a `[1, 70, 1, 64]` tensor, 16-byte aligned as `cp.async` needs.
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Row([u16; 64]);
+
 #[test]
 fn attention_kernel_reading_past_a_short_buffer_is_reported_with_the_address() {
+    // The emulator's own check, so the launch is made here by hand (the
+    // host's pipeline drives the kernels in the tests crate): q, k, v and o
+    // [1, 70, 1, 64], with K registered one row short.
     let kernel = kernel("flash_fwd_d64_f16_full").unwrap();
-    let shape = [1, 70, 1, 64];
-    let strides = Tensor::contiguous_strides(shape);
-    let [q, k, v] = [1, 2, 3].map(|seed| Tensor::random(shape, strides, kernel.kernel.dtype, seed));
-    let mut o = Tensor::filled(shape, strides, POISON);
-    let mut lse = vec![0f32; 70];
-    let params = forward_params(&q, &k, &v, &mut o, &mut lse, 0.125);
+    let rows = 70;
+    let [q, k, v] = [0x3800u16, 0x3400, 0xb800].map(|half| vec![Row([half; 64]); rows]);
+    let mut o = vec![Row([0x7fff; 64]); rows];
+    let mut lse = vec![0f32; rows];
+    let strides = [(rows * 64) as i64, 64, 64];
+    let arg = |t: &[Row]| TensorArg { ptr: t.as_ptr().cast::<u16>(), strides };
+    let o_arg = TensorArg { ptr: o.as_mut_ptr().cast::<u16>(), strides };
+    let sizes = ForwardSizes { batch: 1, seqlen_q: rows as u32, seqlen_k: rows as u32, heads_q: 1, heads_per_kv: 1 };
+    let params = ForwardParams::new(arg(&q), arg(&k), arg(&v), o_arg, lse.as_mut_ptr(), sizes, 0.125);
     // Register K one row (128 bytes) short of what the kernel reads.
-    let k_bytes = &k.data()[..69 * 64];
+    let k_bytes = &k[..rows - 1];
     let regions = [
-        GlobalRegion::read_only("q", q.data()),
+        GlobalRegion::read_only("q", &q),
         GlobalRegion::read_only("k", k_bytes),
-        GlobalRegion::read_only("v", v.data()),
-        GlobalRegion::writable("o", o.data_mut()),
+        GlobalRegion::read_only("v", &v),
+        GlobalRegion::writable("o", &mut o),
         GlobalRegion::writable("lse", &mut lse),
     ];
-    let result = unsafe { launch(&launch_config(kernel, 1, 1, 70), &regions, || (kernel.run)(&params)) };
+    let c = kernel.kernel.config;
+    let config = LaunchConfig::new([(rows as u32).div_ceil(c.block_m), 1, 1], c.threads(), c.smem_bytes());
+    let result = unsafe { launch(&config, &regions, || (kernel.run)(&params)) };
     let error = expect_fault(
         result,
         FaultKind::GlobalOutOfBounds,

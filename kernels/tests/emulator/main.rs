@@ -1,11 +1,10 @@
-//! The kernels crate's host tests: every device primitive against a plain
-//! model of its PTX ISA definition, the emulator's fault reports, and the
-//! attention kernels themselves, run on the emulator, against an f64
-//! reference.
+//! The kernels crate's host tests of the emulator itself: every device
+//! primitive against a plain model of its PTX ISA definition, and the
+//! emulator's fault reports. The attention kernels run on the emulator,
+//! driven by the host crate's pipeline, in the tests crate
+//! (`tests/tests/emulator_attention.rs`).
 
-mod attention;
 mod faults;
-mod features;
 mod primitives;
 
 use std::sync::Mutex;
