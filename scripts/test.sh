@@ -3,9 +3,11 @@
 # then checks formatting, lints, that the committed PTX is fresh and spill-free
 # (ptxas), and runs every test. The GPU tests run on a GPU and otherwise print
 # that they were skipped and why; everything else asserts on the CPU, including
-# the kernels' own code run on the CPU emulator, then the validation property
-# test once more in a debug build with overflow checks, the benchmark's CPU
-# tests, and the packaging of the user-facing crates.
+# the kernels' own code run on the CPU emulator through the host's pipeline
+# (tests/tests/emulator_attention.rs) and the emulator's own tests
+# (kernels/tests), then the validation property test once more in a debug
+# build with overflow checks, the benchmark's CPU tests, and the packaging of
+# the user-facing crates.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
@@ -20,7 +22,7 @@ cargo xtask build-ptx --check --require-ptxas
 echo "== cargo test"
 log="$(mktemp)"
 cargo test --workspace --release 2>&1 | tee "$log"
-echo "== kernels on the CPU emulator"
+echo "== the CPU emulator itself (primitives, fault reports)"
 cargo test --manifest-path kernels/Cargo.toml --release 2>&1 | tee -a "$log"
 # The validation property test (host/src/bounds_tests.rs) again, in a debug
 # build with overflow checks, where any overflow in validation panics: random

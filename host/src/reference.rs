@@ -1,6 +1,6 @@
-//! An f64 CPU reference of attention, the ground truth of the tests: of the
-//! GPU tests (through the host crate, which includes this file as
-//! `flash_attn::reference`) and of the emulated kernels.
+//! An f64 CPU reference of attention (`flash_attn::reference`), the ground
+//! truth of the tests: of the GPU tests and of the kernels run on the CPU
+//! emulator (`tests/tests/emulator_attention.rs`).
 //!
 //! Written for clarity, not speed: for each (batch, query head, row) it
 //! forms every scaled score, applies the softcap and ALiBi bias, masks, and

@@ -1,4 +1,4 @@
-//! Tests of the f64 reference (`kernels/src/reference.rs`).
+//! Tests of the f64 reference (`reference.rs`).
 
 use crate::reference::*;
 use approx::assert_relative_eq;
