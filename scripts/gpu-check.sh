@@ -4,12 +4,23 @@
 # over every GPU test executable, and the benchmark beside torch's SDPA
 # flash (FlashAttention-2) and cuDNN backends.
 # Build the bundle first, here: `cargo xtask gpu-bundle`.
-# usage: bash gpu-bundle/gpu-check.sh [--quick-bench | --no-bench]   (results in $OUT or gpu-bundle/results)
+# usage: bash gpu-bundle/gpu-check.sh [--quick-bench] [--part tests|bench]
+#   (results in $OUT or gpu-bundle/results)
+# The full check is both parts. Where one command may not run long enough
+# for both (the device tool's 10 minutes), run `--part tests` and then
+# `--part bench` on the same machine; each part alone exits 2 when it passed.
 set -u
 quick_bench=0
-no_bench=0
-[ "${1:-}" = "--quick-bench" ] && quick_bench=1
-[ "${1:-}" = "--no-bench" ] && no_bench=1
+part=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick-bench) quick_bench=1 ;;
+    --part) part="${2:-}"; shift ;;
+    *) echo "gpu-check: unknown argument $1"; exit 1 ;;
+  esac
+  shift
+done
+case "$part" in all|tests|bench) ;; *) echo "gpu-check: --part takes tests or bench, not '$part'"; exit 1 ;; esac
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${OUT:-$here/results}"
 mkdir -p "$results"
@@ -22,67 +33,72 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 
 tests_failed=0
 tests_passed=0
-for t in "$here"/bin/test-*; do
-  name="$(basename "$t")"
-  echo "== $name"
-  if "$t" --test-threads=4 --nocapture > "$results/$name.log.tmp" 2>&1; then
-    tests_passed=$((tests_passed + 1))
-  else
-    tests_failed=$((tests_failed + 1))
-    echo "FAILED: $name"
-  fi
-  grep -E "^test result|SKIPPED|panicked|FAILED" "$results/$name.log.tmp" | head -20
-  { echo "== $name"; cat "$results/$name.log.tmp"; } >> "$results/tests.log"
-  rm "$results/$name.log.tmp"
-done
-
-echo "== demo"
-if "$here/bin/demo" > "$results/demo.log" 2>&1; then demo="ok"; else demo="FAILED"; fi
-cat "$results/demo.log"
-
-# compute-sanitizer's four tools over every GPU test executable. A tool's
-# run fails on any error it reports (--error-exitcode), on a test failure,
-# or on passing its time limit (then the tool did not cover the executable,
-# which is reported, never taken as clean). racecheck and initcheck slow the
-# kernels most: under them the tests leave out cases of more than
-# SANITIZER_MAX_SCORES attention scores, saying which ("LEFT OUT"); every
-# kernel family still runs in the smaller cases.
-sanitizer_limit="${SANITIZER_LIMIT_S:-240}"
-small_cases="${SANITIZER_MAX_SCORES:-300000}"
-sanitizers_failed=0
+demo="not run"
+sanitizers="not run"
 sanitizer_runs=0
-rm -f "$results/sanitizers.log"
-for tool in memcheck synccheck racecheck initcheck; do
+if [ "$part" != bench ]; then
   for t in "$here"/bin/test-*; do
     name="$(basename "$t")"
-    log="$(mktemp)"
-    cap=""
-    case "$tool" in racecheck|initcheck) cap="$small_cases" ;; esac
-    start=$(date +%s)
-    FLASH_ATTN_TEST_MAX_SCORES="$cap" timeout "$sanitizer_limit" \
-      compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 --require-cuda-init no \
-      "$t" --test-threads=8 > "$log" 2>&1
-    status=$?
-    took=$(( $(date +%s) - start ))
-    sanitizer_runs=$((sanitizer_runs + 1))
-    summary="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n1)"
-    case "$status" in
-      0) verdict="clean" ;;
-      124) verdict="TIMEOUT after ${sanitizer_limit}s (not covered)" ;;
-      9) verdict="ERRORS" ;;
-      *) verdict="FAILED (exit $status)" ;;
-    esac
-    [ "$status" = 0 ] || sanitizers_failed=$((sanitizers_failed + 1))
-    echo "sanitizer $tool $name: $verdict in ${took}s; ${summary:-no summary line}"
-    [ "$status" = 0 ] || grep -E "^=========  ?(Barrier|Invalid|Race|Uninitialized|Error|Program hit)|test result|panicked" "$log" | head -8
-    left_out=$(grep -c "^LEFT OUT" "$log")
-    [ "$left_out" = 0 ] || echo "  ($left_out cases over $cap scores left out under $tool)"
-    { echo "== $tool $name: $verdict in ${took}s"; cat "$log"; } >> "$results/sanitizers.log"
-    rm -f "$log"
+    echo "== $name"
+    if "$t" --test-threads=4 --nocapture > "$results/$name.log.tmp" 2>&1; then
+      tests_passed=$((tests_passed + 1))
+    else
+      tests_failed=$((tests_failed + 1))
+      echo "FAILED: $name"
+    fi
+    grep -E "^test result|SKIPPED|panicked|FAILED" "$results/$name.log.tmp" | head -20
+    { echo "== $name"; cat "$results/$name.log.tmp"; } >> "$results/tests.log"
+    rm "$results/$name.log.tmp"
   done
-done
-sanitizers="clean"
-[ "$sanitizers_failed" = 0 ] || sanitizers="FAILED ($sanitizers_failed of $sanitizer_runs runs)"
+
+  echo "== demo"
+  if "$here/bin/demo" > "$results/demo.log" 2>&1; then demo="ok"; else demo="FAILED"; fi
+  cat "$results/demo.log"
+
+  # compute-sanitizer's four tools over every GPU test executable. A tool's
+  # run fails on any error it reports (--error-exitcode), on a test failure,
+  # or on passing its time limit (then the tool did not cover the executable,
+  # which is reported, never taken as clean). racecheck and initcheck slow the
+  # kernels most: under them the tests leave out cases of more than
+  # SANITIZER_MAX_SCORES attention scores, saying which ("LEFT OUT"); every
+  # kernel family still runs in the smaller cases.
+  sanitizer_limit="${SANITIZER_LIMIT_S:-240}"
+  small_cases="${SANITIZER_MAX_SCORES:-300000}"
+  sanitizers_failed=0
+  sanitizer_runs=0
+  rm -f "$results/sanitizers.log"
+  for tool in memcheck synccheck racecheck initcheck; do
+    for t in "$here"/bin/test-*; do
+      name="$(basename "$t")"
+      log="$(mktemp)"
+      cap=""
+      case "$tool" in racecheck|initcheck) cap="$small_cases" ;; esac
+      start=$(date +%s)
+      FLASH_ATTN_TEST_MAX_SCORES="$cap" timeout "$sanitizer_limit" \
+        compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 --require-cuda-init no \
+        "$t" --test-threads=8 > "$log" 2>&1
+      status=$?
+      took=$(( $(date +%s) - start ))
+      sanitizer_runs=$((sanitizer_runs + 1))
+      summary="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n1)"
+      case "$status" in
+        0) verdict="clean" ;;
+        124) verdict="TIMEOUT after ${sanitizer_limit}s (not covered)" ;;
+        9) verdict="ERRORS" ;;
+        *) verdict="FAILED (exit $status)" ;;
+      esac
+      [ "$status" = 0 ] || sanitizers_failed=$((sanitizers_failed + 1))
+      echo "sanitizer $tool $name: $verdict in ${took}s; ${summary:-no summary line}"
+      [ "$status" = 0 ] || grep -E "^=========  ?(Barrier|Invalid|Race|Uninitialized|Error|Program hit)|test result|panicked" "$log" | head -8
+      left_out=$(grep -c "^LEFT OUT" "$log")
+      [ "$left_out" = 0 ] || echo "  ($left_out cases over $cap scores left out under $tool)"
+      { echo "== $tool $name: $verdict in ${took}s"; cat "$log"; } >> "$results/sanitizers.log"
+      rm -f "$log"
+    done
+  done
+  sanitizers="clean"
+  [ "$sanitizers_failed" = 0 ] || sanitizers="FAILED ($sanitizers_failed of $sanitizer_runs runs)"
+fi
 
 echo "== benchmark"
 # Ours (bin/bench), then the peers (bench_torch.py: FlashAttention-2 and cuDNN
@@ -107,8 +123,8 @@ bench_args=()
 other_args=(--head-dims 32,96,160,192,224,256 --dtypes "${BENCH_OTHER_DTYPES:-f16}" --seqlens "${BENCH_OTHER_SEQLENS:-4096}")
 bench="FAILED"
 rm -f "$results/ours.jsonl" "$results/other.jsonl" "$results/bench.md"
-if [ "$no_bench" = 1 ]; then
-  bench="not run (--no-bench)"
+if [ "$part" = tests ]; then
+  bench="not run (--part tests)"
 elif ! "$here/bin/bench" --out "$results/ours.jsonl" "${bench_args[@]}"; then
   echo "gpu-check: bench (the standard grid) FAILED"
 elif ! "$here/bin/bench" --out "$results/other.jsonl" "${other_args[@]}"; then
@@ -127,7 +143,11 @@ else
 fi
 echo "benchmark: $((SECONDS - bench_start)) s"
 echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench"
-# Without the benchmark the check is not the full one: it exits 2 even if
-# everything that ran passed.
-[ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$sanitizers" = clean ] || exit 1
-[ "$bench" = done ] || { [ "$no_bench" = 1 ] && exit 2; exit 1; }
+# A part alone is not the full check: it exits 2 when everything it ran passed.
+if [ "$part" != bench ]; then
+  [ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$sanitizers" = clean ] || exit 1
+fi
+if [ "$part" != tests ]; then
+  [ "$bench" = done ] || exit 1
+fi
+[ "$part" = all ] || exit 2
