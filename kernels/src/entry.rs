@@ -1,7 +1,8 @@
 //! The exported kernels: one `#[no_mangle]` entry point per row of the
 //! ABI's kernel table ([`flash_attn_abi::attention_kernels!`]), named
 //! `flash_fwd_d{head_dim}_{f16|bf16}_{variant}`, each the forward kernel
-//! body instantiated with the row's tile config; besides them
+//! body instantiated for the row (a [`ForwardKernel`]: element type,
+//! variant, tile config, scheduler); besides them
 //! `flash_combine_{f16|bf16}` and `kv_cache_append`. On the host (the
 //! emulator) each attention kernel is a plain function, listed with its
 //! table row in [`KERNELS`].
@@ -11,7 +12,9 @@ use flash_attn_abi::kernels::{config_of, AttentionKernel, Dtype, Variant};
 use crate::config::TileConfig;
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
+use crate::kernel::ForwardKernel;
 use crate::params::{AppendParams, CombineParams, ForwardParams};
+use crate::schedule::OneShot;
 
 /// A kernel instance as the emulator runs it.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -52,26 +55,25 @@ macro_rules! forward_kernels {
         }),*];
     };
     (@body $dtype:ident, $head_dim:literal, $variant:ident, $params:expr) => {{
-        const C: TileConfig = config_of($head_dim, Variant::$variant);
+        /// The instance of this row.
+        struct Kernel;
+        impl ForwardKernel for Kernel {
+            type Element = $dtype;
+            type Scheduler = OneShot;
+            const VARIANT: Variant = Variant::$variant;
+            const CONFIG: TileConfig = config_of($head_dim, Variant::$variant);
+        }
+        const C: TileConfig = Kernel::CONFIG;
+        // The array sizes of the instance (asserted against C in the body).
         flash_forward::<
-            $dtype,
-            { matches!(Variant::$variant, Variant::Causal) },
-            { Variant::$variant.is_general() },
+            Kernel,
             { C.head_dim as usize },
             { C.head_dim as usize / 16 },
             { C.head_dim as usize / 8 },
-            { C.block_n as usize },
             { C.block_n as usize / 8 },
             { C.block_n as usize / 16 },
-            { C.warps as usize },
-            { C.warps_split_keys },
             { C.m_tiles as usize },
             { C.q_in_registers },
-            { C.stages as usize },
-            { C.wait_kv_at_top },
-            { C.split_masked_steps },
-            { C.rederive_copy_offsets },
-            { C.softmax_in_halves },
             { C.block_n as usize / 16 },
             { C.block_n as usize / 32 },
         >($params)

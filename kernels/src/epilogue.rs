@@ -6,8 +6,8 @@ use crate::arch;
 use crate::element::Element;
 use crate::layout::SmemTile;
 use crate::mma::Accumulators;
-use crate::pipeline;
 use crate::softmax::OnlineSoftmax;
+use crate::tile_copy;
 
 /// Where a warp's output rows go.
 pub struct OutputRows {
@@ -58,7 +58,7 @@ pub unsafe fn write_output<E: Element, const M_TILES: usize, const DIM_TILES: us
         }
     }
     arch::sync_warp();
-    pipeline::store_rows_from_smem::<M_TILES, HEAD_DIM>(
+    tile_copy::store_rows_from_smem::<M_TILES, HEAD_DIM>(
         staging,
         out.first_row,
         out.o,

@@ -1,128 +1,201 @@
-//! The FlashAttention-2 forward kernel body.
+//! The FlashAttention-2 forward kernel body, in two parts:
 //!
-//! One block computes `block_m` query rows of one (batch, head): it streams
-//! the key/value blocks it sees ([`crate::problem`]) through `STAGES`
-//! shared-memory stages each, from the last block to the first (so the
-//! masked blocks come first), keeping O, the scores and the softmax state of
-//! its rows in registers. With two or more stages, the loads of K and V
-//! `STAGES - 1` blocks ahead are issued at the top of each step and overlap
-//! at least its whole Q K^T, softmax and P V; with one, each of K and V
-//! loads while the other is in use (the key loop below).
+//! - [`flash_forward`], the kernel loop: it asks the kernel's block
+//!   scheduler ([`crate::schedule`]) for work tiles and runs each. With the
+//!   one-shot scheduler of every shipped kernel this is the tile run once.
+//! - `forward_tile`, one work tile: `block_m` query rows of one (batch,
+//!   head) against the key blocks they see ([`crate::problem`]), in three
+//!   stages, each below with its contract: the K/V pipeline (Q's copy, the
+//!   K/V shared-memory stages, every `cp.async` wait, barrier and prefetch),
+//!   the key loop (Q K^T, score modifiers, mask, online softmax, P V) and
+//!   the epilogue ([`crate::warp_merge`], then [`crate::epilogue`]).
+//!
+//! The tile streams its key blocks through `stages` shared-memory stages
+//! each of K and V, from the last block to the first (so the masked blocks
+//! come first), keeping O, the scores and the softmax state of its rows in
+//! registers. With two or more stages, the loads of K and V `stages - 1`
+//! blocks ahead are issued at the top of each step and overlap at least its
+//! whole Q K^T, softmax and P V; with one, each of K and V loads while the
+//! other is in use.
 //!
 //! In the decode kernels the warps split the keys instead of the rows: all
 //! share the block's 16 query rows, each runs the key loop over its own
 //! part of the block's key blocks through its own stages (with warp
 //! barriers only), and [`crate::warp_merge`] merges them at the end.
+//!
+//! Why the pipeline, the key loop and the epilogue are sections of
+//! `forward_tile` (closures and a macro) rather than types and functions of
+//! their own: LLVM inlines every `#[inline(always)]` function of the kernel
+//! in the order of their symbols, and the order and the boundaries decide
+//! how the inlined code is simplified. Each of these as a function of its
+//! own changed the PTX (instruction order, address arithmetic; in one
+//! attempt spills at d=96 and d=128), where the kernels' speed at 255
+//! registers depends on it. The scheduler and the tile function do not
+//! change it.
 
 use crate::arch;
-use crate::element::Element;
 use crate::epilogue::{self, OutputRows};
+use crate::kernel::ForwardKernel;
 use crate::layout::SmemTile;
 use crate::mma;
 use crate::params::ForwardParams;
-use crate::pipeline::{cp_async_wait_pending, load_tile_async};
 use crate::problem::{split_key_blocks, Sequence, Visibility};
+use crate::schedule::{TileScheduler, WorkTile};
 use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
+use crate::tile_copy::{cp_async_wait_pending, load_tile_async};
 use crate::warp_merge;
 
-/// The kernel body, instantiated per element type, masking, features and
-/// tile shape. `GENERAL` instances read every feature of [`ForwardParams`]
-/// at run time (variable lengths, KV cache and pages, windows, softcap,
-/// ALiBi, split-KV); the others are the dense kernels, causal or not.
-/// The derived shape parameters must agree (`HEAD_DIM_16 = HEAD_DIM / 16`,
-/// `DIM_TILES = HEAD_DIM / 8`, `N_TILES = BLOCK_N / 8`,
-/// `N_STEPS = BLOCK_N / 16`, `HALF_TILES = N_TILES / 2`,
-/// `HALF_STEPS = N_STEPS / 2`); they are asserted at compile time. `STAGES`
-/// is 1 to 4; `WAIT_KV_AT_TOP` chooses the two-stage loop's waits;
-/// `SOFTMAX_IN_HALVES` runs each block's softmax in two halves of keys.
+/// The kernel body of the instance `K` ([`ForwardKernel`]: element type,
+/// variant, tile config and scheduler, one value). The const generics are
+/// the array sizes, which Rust cannot derive from `K::CONFIG` in a generic
+/// context, and the Q operand's form, a type parameter of
+/// [`mma::QOperand`]; they are asserted at compile time to agree with the
+/// config: `HEAD_DIM`, `HEAD_DIM_16 = HEAD_DIM / 16`,
+/// `DIM_TILES = HEAD_DIM / 8`, `N_TILES = block_n / 8`,
+/// `N_STEPS = block_n / 16`, `M_TILES = m_tiles`,
+/// `Q_IN_REGISTERS = q_in_registers`, `HALF_TILES = N_TILES / 2` and
+/// `HALF_STEPS = N_STEPS / 2`.
+///
+/// The loop over work tiles synchronises the block between two tiles (the
+/// next tile's prologue overwrites the Q tile and the stages). With a
+/// scheduler that is not [`TileScheduler::PERSISTENT`] it stops after the
+/// first tile as it compiles: no loop reaches LLVM.
 ///
 /// # Safety
 /// `params` must describe tensors the host validated for this instance, and
-/// the launch must use `WARPS * 32` threads, a grid of
-/// `(num_splits * ceil(seqlen_q / block_m), heads_q, batch)` and the
+/// the launch must use `warps * 32` threads, the scheduler's grid (for
+/// [`crate::schedule::OneShot`]
+/// `(num_splits * ceil(seqlen_q / block_m), heads_q, batch)`) and the
 /// shared-memory size of the tile config.
 #[inline(always)]
 pub unsafe fn flash_forward<
-    E: Element,
-    const CAUSAL: bool,
-    const GENERAL: bool,
+    K: ForwardKernel,
     const HEAD_DIM: usize,
     const HEAD_DIM_16: usize,
     const DIM_TILES: usize,
-    const BLOCK_N: usize,
     const N_TILES: usize,
     const N_STEPS: usize,
-    const WARPS: usize,
-    const WARPS_SPLIT_KEYS: bool,
     const M_TILES: usize,
     const Q_IN_REGISTERS: bool,
-    const STAGES: usize,
-    const WAIT_KV_AT_TOP: bool,
-    const SPLIT_MASKED_STEPS: bool,
-    const REDERIVE_COPY_OFFSETS: bool,
-    const SOFTMAX_IN_HALVES: bool,
     const HALF_TILES: usize,
     const HALF_STEPS: usize,
 >(
     params: &ForwardParams,
 ) {
     const {
+        let c = K::CONFIG;
+        let (head_dim, block_n, stages, warps) = (c.head_dim as usize, c.block_n as usize, c.stages, c.warps);
+        // The array sizes and the Q operand's form agree with the config.
+        assert!(HEAD_DIM == head_dim && M_TILES == c.m_tiles as usize && Q_IN_REGISTERS == c.q_in_registers);
         assert!(HEAD_DIM_16 * 16 == HEAD_DIM && DIM_TILES * 8 == HEAD_DIM);
-        assert!(N_TILES * 8 == BLOCK_N && N_STEPS * 16 == BLOCK_N);
+        assert!(N_TILES * 8 == block_n && N_STEPS * 16 == block_n);
         assert!(HALF_TILES * 2 == N_TILES && HALF_STEPS * 2 == N_STEPS);
-        assert!(!SOFTMAX_IN_HALVES || STAGES > 2 || WAIT_KV_AT_TOP, "halves need V landed at the top of the step");
-        assert!(!(CAUSAL && GENERAL), "general kernels take causal masking as a window");
-        assert!(STAGES >= 1 && STAGES <= 4);
-        assert!(!WAIT_KV_AT_TOP || STAGES == 2, "only the two-stage loop has a choice of waits");
-        assert!(!SPLIT_MASKED_STEPS || !GENERAL, "only the dense kernels know their masked blocks up front");
-        assert!(!WARPS_SPLIT_KEYS || GENERAL, "only the general kernels split the keys among warps");
+        assert!(c.block_m == if c.warps_split_keys { 16 } else { warps * 16 } * c.m_tiles);
+        // The derived constants are the config's.
+        assert!(K::CAUSAL == matches!(K::VARIANT, flash_attn_abi::kernels::Variant::Causal));
+        assert!(K::GENERAL == K::VARIANT.is_general());
+        assert!(K::BLOCK_M == c.block_m && K::BLOCK_N == c.block_n && K::WARPS == warps && K::THREADS == warps * 32);
+        assert!(K::M_TILES == c.m_tiles && K::STAGES == stages && K::Q_IN_REGISTERS == c.q_in_registers);
+        assert!(K::WARPS_SPLIT_KEYS == c.warps_split_keys && K::WAIT_KV_AT_TOP == c.wait_kv_at_top);
+        assert!(K::SPLIT_MASKED_STEPS == c.split_masked_steps && K::SOFTMAX_IN_HALVES == c.softmax_in_halves);
+        assert!(K::REDERIVE_COPY_OFFSETS == c.rederive_copy_offsets);
+        // The flags are consistent.
+        assert!(!c.softmax_in_halves || stages > 2 || c.wait_kv_at_top, "halves need V landed at the top of the step");
+        assert!(!(K::CAUSAL && K::GENERAL), "general kernels take causal masking as a window");
+        assert!(stages >= 1 && stages <= 4);
+        assert!(!c.wait_kv_at_top || stages == 2, "only the two-stage loop has a choice of waits");
+        assert!(!c.split_masked_steps || !K::GENERAL, "only the dense kernels know their masked blocks up front");
+        assert!(!c.warps_split_keys || K::GENERAL, "only the general kernels split the keys among warps");
         // The merge's scratch overlays the warps' K/V stages.
         assert!(
-            !WARPS_SPLIT_KEYS
-                || warp_merge::scratch_bytes(WARPS as u32, M_TILES as u32, DIM_TILES as u32)
-                    <= (WARPS * 2 * STAGES * BLOCK_N) as u32 * crate::config::smem_row_bytes(HEAD_DIM as u32)
+            !c.warps_split_keys
+                || warp_merge::scratch_bytes(warps, c.m_tiles, DIM_TILES as u32)
+                    <= warps * 2 * stages * c.block_n * crate::config::smem_row_bytes(c.head_dim)
         );
     }
-    let threads = (WARPS * 32) as u32;
-    let block_m = (if WARPS_SPLIT_KEYS { 16 * M_TILES } else { WARPS * 16 * M_TILES }) as u32;
-    let block_n = BLOCK_N as u32;
-
+    // %tid.x is read before the scheduler runs, as the body read it before
+    // it had one (the same PTX); it is the same for every tile.
     let tid = arch::thread_idx_x();
+    let mut tile = K::Scheduler::initial::<K>(params);
+    loop {
+        forward_tile::<
+            K,
+            HEAD_DIM,
+            HEAD_DIM_16,
+            DIM_TILES,
+            N_TILES,
+            N_STEPS,
+            M_TILES,
+            Q_IN_REGISTERS,
+            HALF_TILES,
+            HALF_STEPS,
+        >(params, tile, tid);
+        if !K::Scheduler::PERSISTENT {
+            break;
+        }
+        match K::Scheduler::next::<K>(params, &tile) {
+            Some(next) => {
+                // The next tile's prologue overwrites the Q tile and the
+                // stages, which this tile's last steps and epilogue read.
+                arch::sync_threads();
+                tile = next;
+            }
+            None => break,
+        }
+    }
+}
+
+/// One work tile, by every thread of the block (`tid` its %tid.x). Returns
+/// early, every thread alike, for a tile past its batch's queries (variable
+/// lengths); warps 1.. of a decode block return after the merge.
+#[inline(always)]
+unsafe fn forward_tile<
+    K: ForwardKernel,
+    const HEAD_DIM: usize,
+    const HEAD_DIM_16: usize,
+    const DIM_TILES: usize,
+    const N_TILES: usize,
+    const N_STEPS: usize,
+    const M_TILES: usize,
+    const Q_IN_REGISTERS: bool,
+    const HALF_TILES: usize,
+    const HALF_STEPS: usize,
+>(
+    params: &ForwardParams,
+    tile: WorkTile,
+    tid: u32,
+) {
+    // The tile's parts read the config's constants through `K`, written
+    // (`(K::STAGES as usize)`, casts and all) as the usize const generics
+    // they replaced were: shorter forms of the same constants change the
+    // MIR, and with it the PTX (above).
     let warp = tid / 32;
     let lane = tid % 32;
-    let head = arch::block_idx_y();
-    let batch = arch::block_idx_z();
-    // Blocks with more rows see more keys under causal masking: launch those
-    // first. Split-KV grids are split-major along x.
-    let (m_block, split) = if GENERAL {
-        let m_blocks = params.seqlen_q.div_ceil(block_m);
-        core::hint::assert_unchecked(m_blocks != 0);
-        (m_blocks - 1 - arch::block_idx_x() % m_blocks, arch::block_idx_x() / m_blocks)
-    } else if CAUSAL {
-        (arch::grid_dim_x() - 1 - arch::block_idx_x(), 0)
-    } else {
-        (arch::block_idx_x(), 0)
-    };
+    let threads = ((K::WARPS as usize) * 32) as u32;
+    let block_m = (if K::WARPS_SPLIT_KEYS { 16 * M_TILES } else { (K::WARPS as usize) * 16 * M_TILES }) as u32;
+    let block_n = (K::BLOCK_N as usize) as u32;
+
+    let WorkTile { m_block, split, head, batch } = tile;
     // The host guarantees heads_per_kv >= 1; saying so drops the divide-by-zero panic path.
     core::hint::assert_unchecked(params.heads_per_kv != 0);
     let kv_head = head / params.heads_per_kv;
 
-    let seq = Sequence::of_batch::<GENERAL>(params, batch);
+    let seq = Sequence::of_batch::<K>(params, batch);
     let first_row = m_block * block_m;
-    if GENERAL && first_row >= seq.seqlen_q {
+    if K::GENERAL && first_row >= seq.seqlen_q {
         return; // past this batch's queries (variable lengths)
     }
     let rows_in_block = (seq.seqlen_q - first_row).min(block_m);
     let last_row = first_row + rows_in_block - 1;
-    let visibility = Visibility::of::<CAUSAL, GENERAL>(params, &seq);
+    let visibility = Visibility::of::<K>(params, &seq);
     let (mut n_begin, mut n_end) = visibility.key_blocks(first_row, last_row, block_n);
-    if GENERAL && params.num_splits > 1 {
+    if K::GENERAL && params.num_splits > 1 {
         (n_begin, n_end) = split_key_blocks(n_begin, n_end, split, params.num_splits);
     }
-    if WARPS_SPLIT_KEYS {
-        (n_begin, n_end) = split_key_blocks(n_begin, n_end, warp, WARPS as u32);
+    if K::WARPS_SPLIT_KEYS {
+        (n_begin, n_end) = split_key_blocks(n_begin, n_end, warp, (K::WARPS as usize) as u32);
     }
-    if !CAUSAL && !GENERAL {
+    if !K::CAUSAL && !K::GENERAL {
         // Every row sees all of seqlen_k >= 1 keys (the host refuses empty
         // tensors). Saying so drops the key loop's zero-trip path, whose
         // live values spill one register at d=128 (sm_80).
@@ -130,19 +203,19 @@ pub unsafe fn flash_forward<
     }
     // Who loads a K/V stage and who waits for it: the warp alone when it
     // has its own stages, else the whole block.
-    let kv_threads = if WARPS_SPLIT_KEYS { 32 } else { threads };
-    // With REDERIVE_COPY_OFFSETS, %tid.x is read again at each load, so
+    let kv_threads = if K::WARPS_SPLIT_KEYS { 32 } else { threads };
+    // With `rederive_copy_offsets`, %tid.x is read again at each load, so
     // that the copies' per-thread offsets are recomputed there instead of
     // held through the key loop.
     let kv_thread = || {
-        let tid = if REDERIVE_COPY_OFFSETS { arch::thread_idx_x_here() } else { tid };
-        if WARPS_SPLIT_KEYS {
+        let tid = if K::REDERIVE_COPY_OFFSETS { arch::thread_idx_x_here() } else { tid };
+        if K::WARPS_SPLIT_KEYS {
             tid % 32
         } else {
             tid
         }
     };
-    let kv_barrier = || if WARPS_SPLIT_KEYS { arch::sync_warp() } else { arch::sync_threads() };
+    let kv_barrier = || if K::WARPS_SPLIT_KEYS { arch::sync_warp() } else { arch::sync_threads() };
 
     let q = params
         .q
@@ -154,8 +227,8 @@ pub unsafe fn flash_forward<
     // per warp when the warps split the keys) the K stages and the V stages.
     let smem = arch::dynamic_smem_base();
     let q_tile = SmemTile::<HEAD_DIM>::at(smem);
-    let stages = STAGES as u32;
-    let first_stage_row = block_m + if WARPS_SPLIT_KEYS { warp * 2 * stages * block_n } else { 0 };
+    let stages = (K::STAGES as usize) as u32;
+    let first_stage_row = block_m + if K::WARPS_SPLIT_KEYS { warp * 2 * stages * block_n } else { 0 };
     // Stage addresses are computed, not indexed from an array, so that no
     // array of them lands in local memory.
     let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(first_stage_row + stage * block_n));
@@ -166,24 +239,30 @@ pub unsafe fn flash_forward<
     // kernels and the dense non-causal ones of two or more stages then skip
     // the bound check: in the general ones its per-pass row compares are
     // otherwise live through the key loop (with them, d=128 spills); the
-    // non-causal ones run 0-3% faster without at d=64-128 (TUNING.md step
-    // 38). The dense causal kernels keep it (without, d=128 spills), and so
-    // do the one-stage ones (1-4% slower without at d=160, 192 and 256).
+    // non-causal ones were measured slightly faster without at d=64-128
+    // (docs/tuning.md, the configuration table). The dense causal kernels
+    // keep it (without, d=128 spills), and so do the one-stage ones (slower
+    // without at d=160, 192 and 256: docs/tuning.md, ideas not adopted).
     let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool, whole: bool| {
         let first_key = n * block_n;
-        let (k_offset, v_offset) = seq.key_offsets::<GENERAL>(params, first_key);
+        let (k_offset, v_offset) = seq.key_offsets::<K>(params, first_key);
         let (src, offset, row_stride) =
             if keys { (k, k_offset, params.k_row_stride) } else { (v, v_offset, params.v_row_stride) };
         // The host keeps row strides within MAX_ROW_STRIDE.
         let row_stride = row_stride as u32;
-        load_tile_async::<HEAD_DIM, CAUSAL>(
+        load_tile_async::<HEAD_DIM>(
             tile,
             block_n,
             src.offset(offset as isize),
             row_stride,
-            if whole && (GENERAL || (!CAUSAL && STAGES > 1)) { block_n } else { seq.seqlen_k - first_key },
+            if whole && (K::GENERAL || (!K::CAUSAL && (K::STAGES as usize) > 1)) {
+                block_n
+            } else {
+                seq.seqlen_k - first_key
+            },
             kv_thread(),
             kv_threads,
+            K::CAUSAL,
         );
         arch::cp_async_commit();
     };
@@ -196,17 +275,17 @@ pub unsafe fn flash_forward<
         if ahead < n_end - n_begin {
             load_key_block(k_tile(stage), n_end - 1 - ahead, true, whole);
             load_key_block(v_tile(stage), n_end - 1 - ahead, false, whole);
-        } else if STAGES > 2 {
+        } else if (K::STAGES as usize) > 2 {
             arch::cp_async_commit();
             arch::cp_async_commit();
         }
     };
 
-    // Prologue: Q, then blocks n_end - 1 .. n_end - (STAGES - 1) into stages
-    // 0 .. STAGES - 2 (one stage: K of the first block); wait for Q only.
-    load_tile_async::<HEAD_DIM, CAUSAL>(q_tile, block_m, q, params.q_row_stride as u32, rows_in_block, tid, threads);
+    // Prologue: Q, then blocks n_end - 1 .. n_end - (stages - 1) into stages
+    // 0 .. stages - 2 (one stage: K of the first block); wait for Q only.
+    load_tile_async::<HEAD_DIM>(q_tile, block_m, q, params.q_row_stride as u32, rows_in_block, tid, threads, K::CAUSAL);
     arch::cp_async_commit();
-    if STAGES == 1 {
+    if (K::STAGES as usize) == 1 {
         if n_end > n_begin {
             load_key_block(k_tile(0), n_end - 1, true, false);
         }
@@ -215,21 +294,21 @@ pub unsafe fn flash_forward<
             prefetch(stage, stage, stage > 0);
         }
     }
-    if STAGES > 2 || n_end > n_begin {
-        cp_async_wait_pending(if STAGES == 1 { 1 } else { 2 * (STAGES - 1) });
+    if (K::STAGES as usize) > 2 || n_end > n_begin {
+        cp_async_wait_pending(if (K::STAGES as usize) == 1 { 1 } else { 2 * ((K::STAGES as usize) - 1) });
     } else {
         arch::cp_async_wait::<0>();
     }
     arch::sync_threads(); // Q has landed for every warp.
 
-    let warp_first_row = if WARPS_SPLIT_KEYS { 0 } else { warp * 16 * M_TILES as u32 };
+    let warp_first_row = if K::WARPS_SPLIT_KEYS { 0 } else { warp * 16 * M_TILES as u32 };
     let q_operand = mma::QOperand::<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>::new(q_tile, warp_first_row, lane);
-    let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, visibility };
+    let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, visibility, causal: K::CAUSAL };
     let modifiers = ScoreModifiers {
         scale_log2: params.scale_log2,
-        softcap_scale: if GENERAL { params.softcap_scale } else { 0.0 },
+        softcap_scale: if K::GENERAL { params.softcap_scale } else { 0.0 },
         softcap_log2: params.softcap_log2,
-        alibi_slope_log2: if GENERAL && !params.alibi_slopes.is_null() {
+        alibi_slope_log2: if K::GENERAL && !params.alibi_slopes.is_null() {
             let slope = params.alibi_slopes.offset((batch as i64 * params.alibi_batch_stride + head as i64) as isize);
             arch::ld_global_f32(slope) * core::f32::consts::LOG2_E
         } else {
@@ -246,18 +325,18 @@ pub unsafe fn flash_forward<
     // - one (FlashAttention-2's): V[n] loads during Q K^T and the softmax,
     //   K[n - 1] during P V; two waits and two barriers per step.
     // - two or more: the groups in flight at the top of step n are K and V
-    //   of blocks n down to n - (STAGES - 2). The top barrier says every
+    //   of blocks n down to n - (stages - 2). The top barrier says every
     //   warp is done with the stage of block n + 1, which then takes block
-    //   n - (STAGES - 1). Two stages wait for K[n] only at the top, then for
+    //   n - (stages - 1). Two stages wait for K[n] only at the top, then for
     //   V[n] before P V behind a second barrier, so that V's copies have the
-    //   Q K^T and softmax longer to land, unless `WAIT_KV_AT_TOP`; more
-    //   stages, and two with `WAIT_KV_AT_TOP`, wait for both at the top, one
+    //   Q K^T and softmax longer to land, unless `wait_kv_at_top`; more
+    //   stages, and two with `wait_kv_at_top`, wait for both at the top, one
     //   barrier per step (each block's copies still had a whole step).
-    // With SPLIT_MASKED_STEPS the key loop runs in two copies: the first
+    // With `split_masked_steps` the key loop runs in two copies: the first
     // steps (the last key blocks: the diagonal, seqlen_k's end) with the
     // mask, the rest without, so the unmasked steps carry no mask code or
     // branch. Else one loop decides per block.
-    let masked_steps = if SPLIT_MASKED_STEPS {
+    let masked_steps = if K::SPLIT_MASKED_STEPS {
         n_end - n_end.min(n_begin.max(visibility.first_block_past_row_end(first_row, block_n)))
     } else {
         0
@@ -266,49 +345,50 @@ pub unsafe fn flash_forward<
         ($step:expr, $masked:expr) => {{
             let step: u32 = $step;
             let n = n_end - 1 - step;
-            let (stage, next_stage) = match STAGES {
+            let (stage, next_stage) = match (K::STAGES as usize) {
                 1 => (0, 0),
                 2 => (step % 2, 1 - step % 2),
                 _ => (step % stages, (step + stages - 1) % stages),
             };
             let last = n == n_begin;
-            cp_async_wait_pending(match STAGES {
+            cp_async_wait_pending(match (K::STAGES as usize) {
                 1 => 0,
-                2 if !WAIT_KV_AT_TOP => 1,
-                _ => 2 * (STAGES - 2),
+                2 if !K::WAIT_KV_AT_TOP => 1,
+                _ => 2 * ((K::STAGES as usize) - 2),
             });
             kv_barrier();
-            if STAGES == 1 {
+            if (K::STAGES as usize) == 1 {
                 load_key_block(v_tile(0), n, false, false);
             } else {
                 prefetch(next_stage, step + stages - 1, true);
             }
 
             let first_key = n * block_n;
-            if SOFTMAX_IN_HALVES {
+            if K::SOFTMAX_IN_HALVES {
                 // The block in two halves of keys: the second half's Q K^T
                 // runs beside the first half's exponentials, the first
-                // half's P V beside the second half's (TUNING.md step 35).
+                // half's P V beside the second half's (measured faster at
+                // d=64: docs/tuning.md, d=64).
                 let half_keys = block_n / 2;
                 let needs_mask = $masked
-                    || (!SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n));
+                    || (!K::SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n));
                 // Scores into logits: modifiers, then the mask.
                 let logits = |s: &mut mma::Accumulators<M_TILES, HALF_TILES>, first_key: u32| {
-                    if GENERAL && modifiers.active() {
+                    if K::GENERAL && modifiers.active() {
                         modifiers.apply::<M_TILES, HALF_TILES>(s, first_key as i32, lane);
                     }
                     if needs_mask {
-                        mask.apply::<CAUSAL, M_TILES, HALF_TILES>(s, first_key as i32, lane);
+                        mask.apply::<M_TILES, HALF_TILES>(s, first_key as i32, lane);
                     }
                 };
-                let mut s_first = mma::scores::<E, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                let mut s_first = mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
                     &q_operand,
                     k_tile(stage),
                     lane,
                 );
                 logits(&mut s_first, first_key);
                 softmax.rebase(&s_first, &mut [[[0.0; 4]; 0]; M_TILES], &mut o, scale_log2);
-                let mut s_second = mma::scores::<E, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                let mut s_second = mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
                     &q_operand,
                     SmemTile::at(k_tile(stage).after_rows(half_keys)),
                     lane,
@@ -317,44 +397,44 @@ pub unsafe fn flash_forward<
                 logits(&mut s_second, first_key + half_keys);
                 softmax.rebase(&s_second, &mut s_first, &mut o, scale_log2);
                 softmax.exponentiate(&mut s_second, scale_log2);
-                let p_first = mma::probabilities_as_a::<E, M_TILES, HALF_TILES, HALF_STEPS>(&s_first);
-                let p_second = mma::probabilities_as_a::<E, M_TILES, HALF_TILES, HALF_STEPS>(&s_second);
-                mma::accumulate_pv::<E, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
+                let p_first = mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_first);
+                let p_second = mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_second);
+                mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
                     &mut o,
                     &p_first,
                     v_tile(stage),
                     lane,
                 );
-                mma::accumulate_pv::<E, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
+                mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
                     &mut o,
                     &p_second,
                     SmemTile::at(v_tile(stage).after_rows(half_keys)),
                     lane,
                 );
             } else {
-                let mut s = mma::scores::<E, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                let mut s = mma::scores::<K::Element, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
                     &q_operand,
                     k_tile(stage),
                     lane,
                 );
-                if GENERAL && modifiers.active() {
+                if K::GENERAL && modifiers.active() {
                     modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
                 }
                 if $masked
-                    || (!SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
+                    || (!K::SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
                 {
-                    mask.apply::<CAUSAL, M_TILES, N_TILES>(&mut s, first_key as i32, lane);
+                    mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
                 }
                 softmax.update(&mut s, &mut o, scale_log2);
-                let p = mma::probabilities_as_a::<E, M_TILES, N_TILES, N_STEPS>(&s);
+                let p = mma::probabilities_as_a::<K::Element, M_TILES, N_TILES, N_STEPS>(&s);
 
-                if STAGES == 1 {
+                if (K::STAGES as usize) == 1 {
                     arch::cp_async_wait::<0>(); // V[n] has landed
                     kv_barrier(); // and every warp is done with K[n].
                     if !last {
                         load_key_block(k_tile(0), n - 1, true, true);
                     }
-                } else if STAGES == 2 && !WAIT_KV_AT_TOP {
+                } else if (K::STAGES as usize) == 2 && !K::WAIT_KV_AT_TOP {
                     if !last {
                         arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
                     } else {
@@ -362,11 +442,11 @@ pub unsafe fn flash_forward<
                     }
                     kv_barrier();
                 }
-                mma::accumulate_pv::<E, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
+                mma::accumulate_pv::<K::Element, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
             }
         }};
     }
-    if CAUSAL {
+    if K::CAUSAL {
         for step in 0..masked_steps {
             key_step!(step, true);
         }
@@ -379,16 +459,25 @@ pub unsafe fn flash_forward<
         key_step!(step, false);
     }
 
-    if WARPS_SPLIT_KEYS && WARPS > 1 {
+    if K::WARPS_SPLIT_KEYS && (K::WARPS as usize) > 1 {
         let scratch = q_tile.after_rows(block_m);
-        if !warp_merge::merge_into_first_warp(&mut softmax, &mut o, scratch, WARPS as u32, warp, lane, scale_log2) {
+        if !warp_merge::merge_into_first_warp(
+            &mut softmax,
+            &mut o,
+            scratch,
+            (K::WARPS as usize) as u32,
+            warp,
+            lane,
+            scale_log2,
+        ) {
             return; // warp 0 writes the block's output
         }
     }
     let valid_rows = rows_in_block.saturating_sub(warp_first_row);
-    if GENERAL && params.num_splits > 1 {
+    if K::GENERAL && params.num_splits > 1 {
         // [split, batch, head, row] over the longest seqlen_q.
-        let row = (((split * arch::grid_dim_z() + batch) * params.heads_q + head) * params.seqlen_q) as usize
+        let row = (((split * K::Scheduler::batches(params) + batch) * params.heads_q + head) * params.seqlen_q)
+            as usize
             + (first_row + warp_first_row) as usize;
         epilogue::write_partial_output::<M_TILES, DIM_TILES, HEAD_DIM>(
             &o,
@@ -415,5 +504,5 @@ pub unsafe fn flash_forward<
         ),
         valid_rows,
     };
-    epilogue::write_output::<E, M_TILES, DIM_TILES, HEAD_DIM>(&o, &softmax, scale_log2, q_tile, out, lane);
+    epilogue::write_output::<K::Element, M_TILES, DIM_TILES, HEAD_DIM>(&o, &softmax, scale_log2, q_tile, out, lane);
 }

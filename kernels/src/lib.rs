@@ -2,11 +2,13 @@
 //! `nvptx64-nvidia-cuda` by `cargo xtask build-ptx`.
 //!
 //! Module map: [`arch`] every PTX primitive; [`layout`] shared-memory tiles
-//! and their swizzle; [`pipeline`] global <-> shared copies; [`mma`] the
+//! and their swizzle; [`tile_copy`] global <-> shared copies; [`mma`] the
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
 //! and masking; [`warp_merge`] merging the warps of a block that split the
-//! keys; [`epilogue`] normalising and storing O and the LSE;
-//! [`forward`] the kernel body; [`entry`] the exported kernel instances;
+//! keys; [`epilogue`] normalising and storing O and the LSE; [`kernel`] a
+//! kernel instance as one value ([`kernel::ForwardKernel`]); [`schedule`]
+//! the block scheduler; [`forward`] the kernel body; [`entry`] the exported
+//! kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
 //! [`ceiling`] register-only MMAs, the benchmark's ceiling.
 //!
@@ -34,12 +36,14 @@ pub mod element;
 pub mod entry;
 pub mod epilogue;
 pub mod forward;
+pub mod kernel;
 pub mod layout;
 pub mod mma;
-pub mod pipeline;
 pub mod probe;
 pub mod problem;
+pub mod schedule;
 pub mod softmax;
+pub mod tile_copy;
 pub mod warp_merge;
 
 #[cfg(not(target_arch = "nvptx64"))]

@@ -3,10 +3,11 @@
 //! rows and key blocks live in memory (contiguous or paged), and which key
 //! blocks its query rows see (causal or local windows, split-KV).
 //!
-//! The dense kernels (`GENERAL = false`) read only the fixed-length fields,
-//! so every feature branch here folds away for them.
+//! The dense kernels (not [`ForwardKernel::GENERAL`]) read only the
+//! fixed-length fields, so every feature branch here folds away for them.
 
 use crate::arch;
+use crate::kernel::ForwardKernel;
 use crate::params::ForwardParams;
 
 /// One batch's sequences and where they start.
@@ -33,7 +34,7 @@ impl Sequence {
     /// The `cu_seqlens_*`, `seqused_k` and `block_table` arrays, where not
     /// null, hold at least `batch + 2`, `batch + 1` and `batch + 1` rows.
     #[inline(always)]
-    pub unsafe fn of_batch<const GENERAL: bool>(p: &ForwardParams, batch: u32) -> Self {
+    pub unsafe fn of_batch<K: ForwardKernel>(p: &ForwardParams, batch: u32) -> Self {
         let b = batch as i64;
         let mut seq = Sequence {
             seqlen_q: p.seqlen_q,
@@ -45,7 +46,7 @@ impl Sequence {
             v_offset: b * p.v_batch_stride,
             pages: core::ptr::null(),
         };
-        if GENERAL {
+        if K::GENERAL {
             if !p.cu_seqlens_q.is_null() {
                 let (start, len) = packed_sequence(p.cu_seqlens_q, batch);
                 seq.seqlen_q = len;
@@ -77,8 +78,8 @@ impl Sequence {
     /// # Safety
     /// With a block table, its entry for `first_key` exists.
     #[inline(always)]
-    pub unsafe fn key_offsets<const GENERAL: bool>(&self, p: &ForwardParams, first_key: u32) -> (i64, i64) {
-        if GENERAL && !self.pages.is_null() {
+    pub unsafe fn key_offsets<K: ForwardKernel>(&self, p: &ForwardParams, first_key: u32) -> (i64, i64) {
+        if K::GENERAL && !self.pages.is_null() {
             let (page, row) = page_slot(self.pages, first_key, p.page_size);
             (page * p.k_batch_stride + row * p.k_row_stride, page * p.v_batch_stride + row * p.v_row_stride)
         } else {
@@ -128,8 +129,9 @@ impl Visibility {
     /// The visibility of `seq` in a kernel instance: dense kernels fix the
     /// window at compile time (causal or none), general ones read it.
     #[inline(always)]
-    pub fn of<const CAUSAL: bool, const GENERAL: bool>(p: &ForwardParams, seq: &Sequence) -> Self {
-        let (left, right) = if GENERAL { (p.window_left, p.window_right) } else { (-1, if CAUSAL { 0 } else { -1 }) };
+    pub fn of<K: ForwardKernel>(p: &ForwardParams, seq: &Sequence) -> Self {
+        let (left, right) =
+            if K::GENERAL { (p.window_left, p.window_right) } else { (-1, if K::CAUSAL { 0 } else { -1 }) };
         Visibility { seqlen_k: seq.seqlen_k as i32, diagonal: seq.seqlen_k as i32 - seq.seqlen_q as i32, left, right }
     }
 

@@ -174,20 +174,22 @@ pub struct ScoreMask {
     /// adding the lane's row in the fragment.
     pub first_row: i32,
     pub visibility: Visibility,
+    /// The dense causal kernels (a window fixed to `right = 0`), which take
+    /// [`Self::apply_causal`]; a constant of the kernel instance.
+    pub causal: bool,
 }
 
 impl ScoreMask {
     /// Sets to -inf every score of the key block starting at `first_key`
-    /// that its row does not see. `CAUSAL`: the dense causal kernels (a
-    /// window fixed to `right = 0`), which take [`Self::apply_causal`].
+    /// that its row does not see.
     #[inline(always)]
-    pub fn apply<const CAUSAL: bool, const M_TILES: usize, const N_TILES: usize>(
+    pub fn apply<const M_TILES: usize, const N_TILES: usize>(
         self,
         s: &mut Accumulators<M_TILES, N_TILES>,
         first_key: i32,
         lane: u32,
     ) {
-        if CAUSAL {
+        if self.causal {
             return self.apply_causal(s, first_key, lane);
         }
         for_each_score(s, self.first_row, first_key, lane, |score, row, key| {

@@ -30,13 +30,14 @@ pub fn cp_async_wait_pending(pending: usize) {
 /// call. Row offsets are computed in u32: 64-bit ones, one per pass, are
 /// hoisted out of the key loop at two registers each.
 ///
-/// `BOUND_BY_ROWS_LEFT` chooses how a thread's rows are checked against
-/// `valid_rows`: by its rows left to the end, compared with each pass's
-/// constant row offset (one register live through the key loop), or by
-/// each pass's row (LLVM hoists one register per pass). The dense causal
-/// kernels take the first, with the mask of `ScoreMask::apply_causal`:
-/// together 1-3% faster at d=32-128 (TUNING.md step 25); in the other
-/// kernels ptxas allocates registers better the second way.
+/// `bound_by_rows_left` (a constant at every call) chooses how a thread's
+/// rows are checked against `valid_rows`: by its rows left to the end,
+/// compared with each pass's constant row offset (one register live through
+/// the key loop), or by each pass's row (LLVM hoists one register per
+/// pass). The dense causal kernels take the first, with the mask of
+/// `ScoreMask::apply_causal`: together they were measured faster at
+/// d=32-128 (docs/tuning.md, d=128); in the other kernels ptxas allocates
+/// registers better the second way.
 ///
 /// # Safety
 /// `src` row `r` must be readable for `r < valid_rows`; `valid_rows >= 1`;
@@ -44,7 +45,8 @@ pub fn cp_async_wait_pending(pending: usize) {
 /// `rows <= `[`MAX_TILE_ROWS`](crate::config::MAX_TILE_ROWS), so that no
 /// offset overflows.
 #[inline(always)]
-pub unsafe fn load_tile_async<const HEAD_DIM: usize, const BOUND_BY_ROWS_LEFT: bool>(
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn load_tile_async<const HEAD_DIM: usize>(
     tile: SmemTile<HEAD_DIM>,
     rows: u32,
     src: *const u16,
@@ -52,6 +54,7 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize, const BOUND_BY_ROWS_LEFT: b
     valid_rows: u32,
     tid: u32,
     threads: u32,
+    bound_by_rows_left: bool,
 ) {
     let chunks_per_row = SmemTile::<HEAD_DIM>::CHUNKS_PER_ROW;
     let copy_if = |in_bounds: bool, to: u32, from: *const u16| {
@@ -104,7 +107,7 @@ pub unsafe fn load_tile_async<const HEAD_DIM: usize, const BOUND_BY_ROWS_LEFT: b
         } else {
             tile.chunk_addr(first_row + below, chunk)
         };
-        if BOUND_BY_ROWS_LEFT {
+        if bound_by_rows_left {
             copy_if((below as i32) < rows_left, to, row_ptr);
         } else {
             copy(first_row + below, to, row_ptr);
