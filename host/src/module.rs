@@ -201,6 +201,9 @@ mod tests {
         let missing: Vec<&str> = names.filter(|name| !PTX.contains(&format!(".visible .entry {name}("))).collect();
         assert!(missing.is_empty(), "missing from the embedded PTX: {missing:?}");
         assert_eq!(PTX.matches(".visible .entry flash_fwd").count(), ATTENTION_KERNELS.len());
-        assert_eq!(PTX.matches(".visible .entry ").count(), ATTENTION_KERNELS.len() + 3 + 2);
+        // The attention kernels, two merges and the append: the test-only
+        // kernels (probe, ceiling) live in the tests crate's own module.
+        assert_eq!(PTX.matches(".visible .entry ").count(), ATTENTION_KERNELS.len() + 3);
+        assert!(!PTX.contains("probe_primitives") && !PTX.contains("mma_ceiling"));
     }
 }

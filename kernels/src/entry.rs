@@ -3,9 +3,14 @@
 //! `flash_fwd_d{head_dim}_{f16|bf16}_{variant}`, each the forward kernel
 //! body instantiated for the row (a [`ForwardKernel`]: element type,
 //! variant, tile config, scheduler); besides them
-//! `flash_combine_{f16|bf16}` and `kv_cache_append`. On the host (the
+//! `flash_combine_{f16|bf16}` and `kv_cache_append` (feature `attention`,
+//! the module users embed); with feature `test-kernels` instead, the
+//! test-only `probe_primitives` and `mma_ceiling`. On the host (the
 //! emulator) each attention kernel is a plain function, listed with its
 //! table row in [`KERNELS`].
+
+// The PTX builds export one set of kernels; the other set's imports are unused there.
+#![cfg_attr(target_arch = "nvptx64", allow(unused_imports))]
 
 use flash_attn_abi::kernels::{config_of, AttentionKernel, Dtype, Variant};
 
@@ -29,7 +34,7 @@ pub struct HostKernel {
 macro_rules! forward_kernels {
     ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident)),* $(,)?) => {
         $(
-            #[cfg(target_arch = "nvptx64")]
+            #[cfg(all(target_arch = "nvptx64", feature = "attention"))]
             #[no_mangle]
             pub unsafe extern "ptx-kernel" fn $name(params: ForwardParams) {
                 forward_kernels!(@body $dtype, $head_dim, $variant, &params)
@@ -93,7 +98,7 @@ pub fn kernel(name: &str) -> Option<&'static HostKernel> {
 macro_rules! kernel {
     ($(#[$doc:meta])* $name:ident($params:ident: $ty:ty) $body:block) => {
         $(#[$doc])*
-        #[cfg(target_arch = "nvptx64")]
+        #[cfg(all(target_arch = "nvptx64", feature = "attention"))]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name($params: $ty) {
             let $params = &$params;
@@ -122,15 +127,16 @@ kernel! {
 }
 
 /// The primitive probe ([`crate::probe`]) as a kernel: the GPU side of the
-/// emulator cross-check.
-#[cfg(target_arch = "nvptx64")]
+/// emulator cross-check. In the test module only (feature `test-kernels`).
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn probe_primitives(input: *const u32, output: *mut u32) {
     crate::probe::probe_primitives(input, output)
 }
 
 /// The mma.sync ceiling ([`crate::ceiling`]) as a kernel, for the benchmark.
-#[cfg(target_arch = "nvptx64")]
+/// In the test module only (feature `test-kernels`).
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn mma_ceiling(iterations: u32, out: *mut f32, threads: u32) {
     crate::ceiling::mma_ceiling(iterations, out, threads)

@@ -1,8 +1,8 @@
 //! Shared code of the GPU integration tests and the benchmark: random
-//! inputs, strided uploads, and running one case against the f64 reference;
-//! and the [`emulator`] driver, which runs the host's pipeline on the CPU
-//! emulator for the emulator tests, the cross-check and the `emulate`
-//! example.
+//! inputs, strided uploads, running one case against the f64 reference,
+//! the test-only kernels' PTX ([`TEST_PTX`]), and the [`emulator`] driver,
+//! which runs the host's pipeline on the CPU emulator for the emulator
+//! tests, the cross-check and the `emulate` example.
 
 use flash_attn::cust::context::Context;
 use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
@@ -12,6 +12,12 @@ use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, Te
 use rand::Rng;
 
 pub mod emulator;
+
+/// The PTX of the test-only kernels, built from `kernels/` with its
+/// feature `test-kernels` by `cargo xtask build-ptx`: `probe_primitives`
+/// (the emulator cross-check) and `mma_ceiling` (the benchmark's ceiling).
+/// Users' builds embed only the attention kernels (`flash_attn::PTX`).
+pub const TEST_PTX: &str = include_str!("../test-kernels.ptx");
 
 /// An element type under test: conversions and the error budget.
 pub trait TestElement: Element + Copy + Default {

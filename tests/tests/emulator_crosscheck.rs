@@ -11,12 +11,13 @@ use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::ATTENTION_KERNELS;
-use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, PTX};
+use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
 use flash_attn_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
 use flash_attn_tests::emulator::{self, Tensor as HostTensor};
 use flash_attn_tests::emulator::{Dtype, DtypeValues};
 use flash_attn_tests::gpu;
+use flash_attn_tests::TEST_PTX;
 use rand::Rng;
 
 /// 16-byte aligned words, as `cp.async` needs.
@@ -88,7 +89,7 @@ fn random_probe_input(rng: &mut impl Rng, bf16_operands: bool, specials: bool) -
 fn run_probe_gpu(module: &Module, stream: &Stream, input: &[Quad]) -> Vec<u32> {
     let input_dev = DeviceBuffer::from_slice(words(input)).expect("upload");
     let output_dev = DeviceBuffer::from_slice(&vec![0xdead_beef_u32; probe::OUTPUT_WORDS]).expect("output");
-    let function = module.get_function("probe_primitives").expect("probe kernel in the PTX");
+    let function = module.get_function("probe_primitives").expect("probe kernel in the test PTX");
     let mut input_ptr = input_dev.as_device_ptr();
     let mut output_ptr = output_dev.as_device_ptr();
     let args = [&mut input_ptr as *mut _ as *mut std::ffi::c_void, &mut output_ptr as *mut _ as *mut std::ffi::c_void];
@@ -182,7 +183,7 @@ const MMA_BOUND: f64 = 1.0 / (1u64 << 19) as f64;
 #[test]
 fn primitives_match_the_gpu() {
     let Some((_context, _attention)) = gpu("primitives_match_the_gpu") else { return };
-    let module = Module::from_ptx(PTX, &[]).expect("module");
+    let module = Module::from_ptx(TEST_PTX, &[]).expect("module");
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
     let mut rng = rand::thread_rng();
     let rounds = 200;

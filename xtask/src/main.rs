@@ -14,8 +14,31 @@ const PTX_TARGET: &str = "nvptx64-nvidia-cuda";
 const PTX_ARCH: &str = "sm_80";
 /// Architectures ptxas checks the PTX for.
 const PTXAS_ARCHES: [&str; 2] = ["sm_80", "sm_90"];
-/// Committed PTX that `host` embeds.
+/// Committed PTX that `host` embeds: the attention kernels (the kernels
+/// crate's default feature `attention`).
 const COMMITTED_PTX: &str = "host/kernels.ptx";
+/// Committed PTX of the test-only kernels (feature `test-kernels`: the
+/// emulator cross-check's probe, the benchmark's ceiling), which the tests
+/// crate embeds and users' builds do not.
+const COMMITTED_TEST_PTX: &str = "tests/test-kernels.ptx";
+
+/// A PTX module built from `kernels/`: the cargo features it is built with,
+/// its own target folder (so that the two builds do not overwrite each
+/// other's output), and where it is committed.
+struct PtxModule {
+    features: &'static [&'static str],
+    target_dir: &'static str,
+    committed: &'static str,
+}
+
+const PTX_MODULES: [PtxModule; 2] = [
+    PtxModule { features: &[], target_dir: "target/ptx", committed: COMMITTED_PTX },
+    PtxModule {
+        features: &["--no-default-features", "--features", "test-kernels"],
+        target_dir: "target/ptx-test-kernels",
+        committed: COMMITTED_TEST_PTX,
+    },
+];
 
 fn main() {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -58,9 +81,9 @@ fn run(cmd: &mut Command) -> Result<()> {
     }
 }
 
-/// Compiles `kernels/` to PTX and returns its text.
-fn compile_kernels(root: &Path) -> Result<String> {
-    let target_dir = root.join("target/ptx");
+/// Compiles `kernels/` to the PTX of `module` and returns its text.
+fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
+    let target_dir = root.join(module.target_dir);
     // The LLVM unroll threshold is raised so that every loop over fragments
     // unrolls: a loop left rolled indexes the accumulator arrays at run time
     // and sends them to local memory (ptxas then reports a stack frame).
@@ -69,6 +92,7 @@ fn compile_kernels(root: &Path) -> Result<String> {
     run(Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root.join("kernels"))
         .args(["build", "--profile", "ptx", "--target", PTX_TARGET, "-Zbuild-std=core", "--config", &rustflags])
+        .args(module.features)
         .arg("--target-dir")
         .arg(&target_dir))?;
     let ptx_path = target_dir.join(PTX_TARGET).join("ptx/flash_attn_kernels.ptx");
@@ -77,22 +101,26 @@ fn compile_kernels(root: &Path) -> Result<String> {
 
 fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
     let root = workspace_root();
-    let ptx = compile_kernels(&root)?;
-    let committed_path = root.join(COMMITTED_PTX);
-    if check {
-        let committed = fs::read_to_string(&committed_path).unwrap_or_default();
-        if committed != ptx {
-            return Err(format!(
-                "{COMMITTED_PTX} is stale: it differs from what kernels/ compiles to; run `cargo xtask build-ptx` and commit it"
-            ));
+    for module in &PTX_MODULES {
+        let ptx = compile_kernels(&root, module)?;
+        let committed_path = root.join(module.committed);
+        let name = module.committed;
+        if check {
+            let committed = fs::read_to_string(&committed_path).unwrap_or_default();
+            if committed != ptx {
+                return Err(format!(
+                    "{name} is stale: it differs from what kernels/ compiles to; run `cargo xtask build-ptx` and commit it"
+                ));
+            }
+            println!("xtask: {name} is fresh ({} bytes)", ptx.len());
+        } else {
+            fs::write(&committed_path, &ptx).map_err(|e| format!("cannot write {}: {e}", committed_path.display()))?;
+            println!("xtask: wrote {name} ({} bytes)", ptx.len());
         }
-        println!("xtask: {COMMITTED_PTX} is fresh ({} bytes)", ptx.len());
-    } else {
-        fs::write(&committed_path, &ptx).map_err(|e| format!("cannot write {}: {e}", committed_path.display()))?;
-        println!("xtask: wrote {COMMITTED_PTX} ({} bytes)", ptx.len());
+        check_divergence(&ptx)?;
+        check_resources(&root, &committed_path, module.target_dir, require_ptxas)?;
     }
-    check_divergence(&ptx)?;
-    check_resources(&root, &committed_path, require_ptxas)
+    Ok(())
 }
 
 /// Fails if any barrier or warp collective of the PTX is reached under
@@ -195,7 +223,7 @@ fn parse_ptxas_report(report: &str) -> Vec<Resources> {
     functions
 }
 
-fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
+fn check_resources(root: &Path, ptx: &Path, target_dir: &str, require_ptxas: bool) -> Result<()> {
     let Some(ptxas) = find_ptxas(root) else {
         if require_ptxas {
             return Err("ptxas not found (set PTXAS or run scripts/setup.sh)".into());
@@ -205,7 +233,7 @@ fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
     };
     let mut failures = Vec::new();
     for arch in PTXAS_ARCHES {
-        let out_file = root.join("target/ptx").join(format!("kernels.{arch}.cubin"));
+        let out_file = root.join(target_dir).join(format!("kernels.{arch}.cubin"));
         let output = Command::new(&ptxas)
             .args(["-v", &format!("-arch={arch}"), "-o"])
             .arg(&out_file)
@@ -241,7 +269,10 @@ fn check_resources(root: &Path, ptx: &Path, require_ptxas: bool) -> Result<()> {
         }
     }
     if failures.is_empty() {
-        println!("xtask: ptxas: no spills, no stack frame and no device-function call in any attention kernel");
+        println!(
+            "xtask: ptxas ({}): no spills, no stack frame and no device-function call in any attention kernel",
+            ptx.display()
+        );
         Ok(())
     } else {
         Err(format!("attention kernels use local memory:\n  {}", failures.join("\n  ")))

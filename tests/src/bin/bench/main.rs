@@ -70,9 +70,9 @@ use flash_attn::cust::memory::{DeviceBuffer, DeviceSlice};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::{
-    bf16, f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, SeqOffsets, Tensor, TensorMut, Workspace, PTX,
+    bf16, f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, SeqOffsets, Tensor, TensorMut, Workspace,
 };
-use flash_attn_tests::{normal, TestElement};
+use flash_attn_tests::{normal, TestElement, TEST_PTX};
 
 mod hot;
 mod nvml;
@@ -494,7 +494,7 @@ fn prefill_rows(
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let PrefillGrid { dtypes, head_dims, seqlens, masks, heads_major, tokens, heads } = *grid;
-    let module = Module::from_ptx(PTX, &[])?;
+    let module = Module::from_ptx(TEST_PTX, &[])?;
     let ceiling_kernel = module.get_function("mma_ceiling")?;
     let sms = CurrentContext::get_device()?.get_attribute(DeviceAttribute::MultiprocessorCount)? as u32;
     let ceiling_at = |blocks_per_sm, warps| mma_ceiling_tflops(&ceiling_kernel, sms, blocks_per_sm, warps);
