@@ -44,13 +44,15 @@ pub struct TileConfig {
     pub split_masked_steps: bool,
     /// Recompute each thread's K/V copy offsets from `%tid.x` at every load
     /// instead of holding them through the key loop: two registers fewer,
-    /// which keep d=128's two-stage loop from spilling (TUNING.md step 27).
-    /// Elsewhere ptxas schedules worse with it: 2-14% slower at d=64-256.
+    /// which keep d=128's two-stage loop from spilling. Elsewhere ptxas
+    /// schedules worse with it: measured slower at d=64-224
+    /// (docs/tuning.md, ideas not adopted).
     pub rederive_copy_offsets: bool,
     /// Run each key block's softmax in two halves of keys, so that the
     /// second half's Q K^T overlaps the first half's exponentials and the
-    /// first half's P V the second half's (TUNING.md step 35). Needs V
-    /// landed at the top of the step (`wait_kv_at_top` or three stages).
+    /// first half's P V the second half's (measured faster at d=64,
+    /// docs/tuning.md). Needs V landed at the top of the step
+    /// (`wait_kv_at_top` or three stages).
     pub softmax_in_halves: bool,
 }
 
@@ -100,7 +102,7 @@ impl TileConfig {
     }
 }
 
-// Shapes per head dim, each the fastest measured (TUNING.md) that fits 255
+// Shapes per head dim, each the fastest measured (docs/tuning.md) that fits 255
 // registers without spills and sm_80's 163 KiB of shared memory. 32 query
 // rows per warp up to d=128 (d=128's dense kernel in blocks of 8 warps, one
 // per SM, the others of 4, two per SM); from d=160 the O accumulators of 32
@@ -110,10 +112,10 @@ impl TileConfig {
 /// Head dim 32.
 pub const HEAD_DIM_32: TileConfig = TileConfig::new(32, 4, 2, 64, true);
 /// Head dim 64: 128 query rows, 32 per warp, Q fragments in registers
-/// (TUNING.md, step 3), two K/V stages with one barrier per step (step 22:
-/// 3-5% faster than two barriers), the softmax in two halves of keys (step
-/// 35: 2% faster), the masked first step in its own copy of the step (step
-/// 36: 1% faster; 1% slower at d=128).
+/// (they still fit beside 32 rows), two K/V stages with one barrier per step
+/// (measured faster than two barriers), the softmax in two halves of keys
+/// and the masked first step in its own copy of the step (each measured
+/// faster here; the peeled step was slower at d=128). docs/tuning.md, d=64.
 pub const HEAD_DIM_64: TileConfig = TileConfig {
     wait_kv_at_top: true,
     softmax_in_halves: true,
@@ -121,42 +123,40 @@ pub const HEAD_DIM_64: TileConfig = TileConfig {
     ..TileConfig::new(64, 4, 2, 64, true)
 };
 /// Head dim 96: FlashAttention-2's shape, 32 rows per warp, 64-key blocks,
-/// Q re-read from shared memory (TUNING.md step 14: 2-8% faster than 32-key
-/// blocks with Q in registers), two K/V stages with one barrier per step
-/// (step 31: 11% faster than one stage since the ldmatrix swizzle is
-/// re-derived per k-step, step 27; one stage had been 7% faster before,
-/// step 19). The softmax in halves is 3-4% slower here (step 35).
+/// Q re-read from shared memory (faster than 32-key blocks with Q in
+/// registers), two K/V stages with one barrier per step (faster than one
+/// stage once the ldmatrix swizzle is re-derived per k-step, which freed
+/// the registers). The softmax in halves measured slower here.
+/// docs/tuning.md, d=96.
 pub const HEAD_DIM_96: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(96, 4, 2, 64, false) };
-/// Head dim 128: 256 query rows in 8 warps of 32, one CTA per SM (TUNING.md
-/// step 39: 0.5-1.5% faster than two CTAs of 4 warps at s >= 4096, as fast
-/// below, under sustained clocks), Q re-read from shared memory so the 32
-/// rows fit in 255 registers (step 2), 64-key blocks (step 19) in two K/V
-/// stages with one barrier per step, which fit 255 registers since the
-/// ldmatrix swizzle is re-derived per k-step and the copy offsets per load
-/// (step 27). Each K/V tile feeds twice the rows of a 4-warp block, halving
-/// the copies per row. The softmax runs whole blocks: in halves of keys it
-/// was 0-1.5% faster with 4 warps (step 35) but is 3% slower with 8 (step
-/// 39).
+/// Head dim 128: 256 query rows in 8 warps of 32, one CTA per SM (slightly
+/// faster than two CTAs of 4 warps at long sequences, as fast below), Q
+/// re-read from shared memory so that the 32 rows fit in 255 registers,
+/// 64-key blocks in two K/V stages with one barrier per step, which fit 255
+/// registers since the ldmatrix swizzle is re-derived per k-step and the
+/// copy offsets per load. Each K/V tile feeds twice the rows of a 4-warp
+/// block, halving the copies per row. The softmax runs whole blocks: in
+/// halves of keys it measured slower with 8 warps (slightly faster with 4).
+/// docs/tuning.md, d=128.
 pub const HEAD_DIM_128: TileConfig =
     TileConfig { wait_kv_at_top: true, rederive_copy_offsets: true, ..TileConfig::new(128, 8, 2, 64, false) };
 /// Head dim 160: 4 warps of 16 rows, 64-key blocks in one K/V stage
-/// (TUNING.md step 20: 15-25% faster than 8 warps).
+/// (measured much faster than 8 warps; docs/tuning.md, d=160).
 pub const HEAD_DIM_160: TileConfig = TileConfig { stages: 1, ..TileConfig::new(160, 4, 1, 64, false) };
 /// Head dim 192: 8 warps of 16 rows (128 query rows, one CTA per SM, 144
 /// KiB), 64-key blocks in two K/V stages waiting together: each K/V tile
-/// feeds twice the rows of 4 warps in one stage, which were 3-10% faster
-/// than 8 warps in one stage (TUNING.md steps 13 and 20) but are 1-5%
-/// slower than this (step 42). The causal kernel keeps 4 warps in one stage
-/// (14% faster there).
+/// feeds twice the rows of 4 warps in one stage, which had been faster than
+/// 8 warps in one stage but measured slower than this. The causal kernel
+/// keeps 4 warps in one stage (faster there). docs/tuning.md, d=192.
 pub const HEAD_DIM_192: TileConfig = TileConfig { wait_kv_at_top: true, ..TileConfig::new(192, 8, 1, 64, false) };
 /// Head dim 224: 8 warps of 16 rows, 64-key blocks in one K/V stage, which
-/// fit 255 registers since the tile loads' row offsets are 32-bit (TUNING.md
-/// step 14: 3-12% faster than 32-key blocks). 4 warps spill with 64-key
-/// blocks and are 2-6% slower with 32-key blocks (step 20).
+/// fit 255 registers since the tile loads' row offsets are 32-bit (faster
+/// than 32-key blocks). 4 warps spill with 64-key blocks and are slower with
+/// 32-key blocks. docs/tuning.md, d=224.
 pub const HEAD_DIM_224: TileConfig = TileConfig { stages: 1, ..TileConfig::new(224, 8, 1, 64, false) };
 /// Head dim 256: 4 warps of 16 rows, 64-key blocks in one K/V stage
-/// (TUNING.md step 20: 3-12% faster than 8 warps; step 13: 4 warps with
-/// 32-key blocks in two stages were 8-11% slower).
+/// (faster than 8 warps, and than 4 warps with 32-key blocks in two
+/// stages; docs/tuning.md, d=256).
 pub const HEAD_DIM_256: TileConfig = TileConfig { stages: 1, ..TileConfig::new(256, 4, 1, 64, false) };
 
 /// Every head dim with kernels.
@@ -179,18 +179,18 @@ pub const fn tile_config(head_dim: u32) -> Option<TileConfig> {
 
 /// The tile config of the dense causal kernels (`flash_fwd_d*_causal`) for
 /// `head_dim`: the dense shape, with two K/V stages at d=96 and d=128, where
-/// one stage beside the diagonal blocks' masking spills (d=96: 72 B) or is
-/// slower, and one at d=64, 1-3% faster there than the dense kernel's two
-/// (TUNING.md steps 19-20). Two stages wait for K and V together at d=96
-/// (step 31: 4-5% faster), separately at d=128 (together spills 4 B, step
-/// 27). At d=128 the masked and unmasked key blocks run in separate loops
-/// (step 23: 2-5% faster; 1-2% slower at d=64). The softmax runs whole
-/// blocks (in halves, unmeasured: d=64's one stage and d=128's separate
-/// waits do not have V at the top of the step). At d=128 the blocks keep 4
-/// warps of 32 rows, not the dense kernel's 8: a causal block's rows see
-/// fewer key blocks the smaller it is, and the 128-row blocks were measured
-/// against everything above. At d=192 they keep 4 warps of 16 rows in one
-/// stage, 14% faster than the dense kernel's 8 warps in two (step 42).
+/// one stage beside the diagonal blocks' masking spills (d=96) or is no
+/// faster, and one at d=64, measured faster there than the dense kernel's
+/// two. Two stages wait for K and V together at d=96 (measured faster),
+/// separately at d=128 (together spills). At d=128 the masked and unmasked
+/// key blocks run in separate loops (measured faster; slower at d=64). The
+/// softmax runs whole blocks (in halves, unmeasured: d=64's one stage and
+/// d=128's separate waits do not have V at the top of the step). At d=128
+/// the blocks keep 4 warps of 32 rows, not the dense kernel's 8: a causal
+/// block's rows see fewer key blocks the smaller it is, and the 128-row
+/// blocks were measured against everything above. At d=192 they keep 4
+/// warps of 16 rows in one stage, faster than the dense kernel's 8 warps in
+/// two. docs/tuning.md, per head dim.
 pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
     match tile_config(head_dim) {
         Some(dense) => Some(TileConfig {
@@ -212,10 +212,9 @@ pub const fn causal_tile_config(head_dim: u32) -> Option<TileConfig> {
 /// The tile config of the general kernels (`flash_fwd_d*_general`) for
 /// `head_dim`: the causal kernels' shape in one loop, except where the
 /// features' extra registers do not fit beside it without spilling: 32-key
-/// blocks at d=96 (their two stages waiting apart, as measured before step
-/// 31), one K/V stage at d=128 (two spill 12 B since step 24),
-/// and at d=192 8 warps of 16 rows in two stages (4 warps spill in one
-/// stage or two).
+/// blocks at d=96 (their two stages waiting apart), one K/V stage at d=128
+/// (two spill), and at d=192 8 warps of 16 rows in two stages (4 warps
+/// spill in one stage or two).
 pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
     match causal_tile_config(head_dim) {
         Some(causal) => Some(match head_dim {
@@ -236,9 +235,9 @@ pub const fn general_tile_config(head_dim: u32) -> Option<TileConfig> {
 /// and V bounds the time; split-KV and the warps supply the parallelism,
 /// and the warps share the Q load and one merged partial output per split.
 /// 32-key blocks in one stage per warp (FlashAttention-2's pipeline: V
-/// loads during Q K^T, the next K during P V): at d=128 as fast as two
-/// stages at batch 1-16 and faster at batch 64, in 68 KiB instead of 132,
-/// so three blocks fit an SM (TUNING.md step 18).
+/// loads during Q K^T, the next K during P V): at d=128 measured as fast as
+/// two stages at small batches and faster at batch 64, in 68 KiB instead of
+/// 132, so three blocks fit an SM (docs/tuning.md, decode).
 pub const fn decode_tile_config(head_dim: u32) -> Option<TileConfig> {
     if tile_config(head_dim).is_none() {
         return None;

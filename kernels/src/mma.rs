@@ -19,7 +19,9 @@ use crate::layout::SmemTile;
 /// ([`SmemTile::chunks_across`]) rather than hold one offset per swizzle
 /// through the key loop. Warps of 32 query rows (two m-tiles) keep O and S
 /// in about 200 registers and are short of them: one XOR per k-step frees
-/// up to 9 (TUNING.md step 27). Warps of 16 rows have registers to spare.
+/// several, which is what lets d=96 and d=128 run two K/V stages
+/// (docs/tuning.md, d=96 and d=128). Warps of 16 rows have registers to
+/// spare.
 const fn swizzle_in_place(m_tiles: usize) -> bool {
     m_tiles > 1
 }

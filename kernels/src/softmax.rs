@@ -68,7 +68,8 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
     /// when one of its quad's lanes does, so the warp decides from each
     /// lane's own maxima; only a block whose references move reduces them
     /// over the quad (two shuffles per row), off the common path from Q K^T
-    /// to P V (TUNING.md step 34).
+    /// to P V (measured faster at d=128 than reducing every block;
+    /// docs/tuning.md, the configuration of each kernel).
     #[inline(always)]
     pub fn rebase<const N_TILES: usize, const DONE_TILES: usize, const DIM_TILES: usize>(
         &mut self,
@@ -205,10 +206,10 @@ impl ScoreMask {
     /// ones plus constant offsets in the fragment, so this is one value per
     /// lane and block compared with a constant per score; comparing keys
     /// with each row's end instead keeps the four ends live through the
-    /// masked steps (TUNING.md step 25). Written out rather than through
+    /// masked steps (this form measured faster in the causal kernels;
+    /// docs/tuning.md, d=128). Written out rather than through
     /// `for_each_score`, whose `key - row` LLVM compiles into a longer
-    /// masked loop (1082 SASS instructions instead of 1060 at d=128, one
-    /// more register held). Rows below seqlen_q never see past
+    /// masked loop that holds one more register. Rows below seqlen_q never see past
     /// seqlen_k by the diagonal; the rows past it (zero-filled, never
     /// written) may see zero-filled keys past seqlen_k.
     #[inline(always)]
