@@ -1,13 +1,112 @@
 //! The end of a warp's work: normalise O by the softmax sum, round it, stage
 //! it through shared memory for 16-byte coalesced stores, and write the
-//! log-sum-exp of each row.
+//! log-sum-exp of each row ([`write_output`]); or, for a split of
+//! split-KV, write the f32 partials ([`write_partial_output`]).
+//! [`write_tile`] chooses, after merging the warps that split the keys
+//! ([`crate::warp_merge`]).
 
 use crate::arch;
 use crate::element::Element;
+use crate::kernel::ForwardKernel;
 use crate::layout::SmemTile;
 use crate::mma::Accumulators;
+use crate::params::ForwardParams;
+use crate::problem::Sequence;
+use crate::schedule::{TileScheduler, WorkTile};
 use crate::softmax::OnlineSoftmax;
 use crate::tile_copy;
+use crate::warp_merge;
+
+/// Where a work tile's rows lie.
+#[derive(Clone, Copy)]
+pub struct TileRows {
+    /// The tile's first query row in its sequence.
+    pub first_row: u32,
+    /// The warp's first row within the tile (0 when the warps split the keys).
+    pub warp_first_row: u32,
+    /// Rows of the tile that exist (the rest lie past seqlen_q).
+    pub rows_in_block: u32,
+}
+
+/// The epilogue of a work tile, per warp, after its key loop (`tid` the
+/// thread's %tid.x): with warps that split the keys, first merges them into
+/// warp 0 ([`warp_merge::merge_into_first_warp`], which waits for every
+/// copy, synchronises the block and overlays the K/V stages; the other
+/// warps are then done); then a split of split-KV writes its f32 partials
+/// ([`write_partial_output`]), any other tile O and the LSE
+/// ([`write_output`], staged through the warp's own rows of the Q tile,
+/// with warp barriers only).
+///
+/// # Safety
+/// Every warp of the block calls it; no warp reads the Q tile any more
+/// (with warps that split the keys, nor its stages); the tile's output rows
+/// are writable.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn write_tile<K: ForwardKernel, const M_TILES: usize, const DIM_TILES: usize, const HEAD_DIM: usize>(
+    params: &ForwardParams,
+    tile: &WorkTile,
+    seq: &Sequence,
+    rows: TileRows,
+    softmax: &mut OnlineSoftmax<M_TILES>,
+    o: &mut Accumulators<M_TILES, DIM_TILES>,
+    scale_log2: f32,
+    q_tile: SmemTile<HEAD_DIM>,
+    tid: u32,
+    lane: u32,
+) {
+    let WorkTile { split, head, batch, .. } = *tile;
+    let TileRows { first_row, warp_first_row, rows_in_block } = rows;
+    let block_m = K::BLOCK_M;
+    // The warp is derived here, not passed in: passed, its value changed
+    // how LLVM folds the warp's first row at d=256 (other PTX).
+    if K::WARPS_SPLIT_KEYS && (K::WARPS as usize) > 1 {
+        let scratch = q_tile.after_rows(block_m);
+        if !warp_merge::merge_into_first_warp(
+            softmax,
+            o,
+            scratch,
+            (K::WARPS as usize) as u32,
+            tid / 32,
+            lane,
+            scale_log2,
+        ) {
+            return; // warp 0 writes the block's output
+        }
+    }
+    let valid_rows = rows_in_block.saturating_sub(warp_first_row);
+    if K::GENERAL && params.num_splits > 1 {
+        // [split, batch, head, row] over the longest seqlen_q.
+        let row = (((split * K::Scheduler::batches(params) + batch) * params.heads_q + head) * params.seqlen_q)
+            as usize
+            + (first_row + warp_first_row) as usize;
+        write_partial_output::<M_TILES, DIM_TILES, HEAD_DIM>(
+            o,
+            softmax,
+            scale_log2,
+            params.o_partial.wrapping_add(row * HEAD_DIM),
+            params.lse_partial.wrapping_add(row),
+            valid_rows,
+            lane,
+        );
+        return;
+    }
+    // Each warp stages O in its own rows of the Q tile, which only it reads.
+    let out = OutputRows {
+        first_row: warp_first_row,
+        o: params.o.wrapping_offset(
+            (seq.o_offset
+                + (first_row + warp_first_row) as i64 * params.o_row_stride
+                + head as i64 * params.o_head_stride) as isize,
+        ),
+        o_row_stride: params.o_row_stride as u32,
+        lse: params.lse.wrapping_offset(
+            (seq.lse_offset + head as i64 * params.lse_head_stride + (first_row + warp_first_row) as i64) as isize,
+        ),
+        valid_rows,
+    };
+    write_output::<K::Element, M_TILES, DIM_TILES, HEAD_DIM>(o, softmax, scale_log2, q_tile, out, lane);
+}
 
 /// Where a warp's output rows go.
 pub struct OutputRows {

@@ -5,10 +5,11 @@
 //!   one-shot scheduler of every shipped kernel this is the tile run once.
 //! - `forward_tile`, one work tile: `block_m` query rows of one (batch,
 //!   head) against the key blocks they see ([`crate::problem`]), in three
-//!   stages, each below with its contract: the K/V pipeline (Q's copy, the
-//!   K/V shared-memory stages, every `cp.async` wait, barrier and prefetch),
-//!   the key loop (Q K^T, score modifiers, mask, online softmax, P V) and
-//!   the epilogue ([`crate::warp_merge`], then [`crate::epilogue`]).
+//!   stages: the K/V pipeline (Q's copy, the K/V shared-memory stages, every
+//!   `cp.async` wait, barrier and prefetch) and the key loop (Q K^T, score
+//!   modifiers, mask, online softmax, P V), each below with its contract,
+//!   then the epilogue ([`epilogue::write_tile`]: [`crate::warp_merge`],
+//!   then O and the LSE or a split's partials).
 //!
 //! The tile streams its key blocks through `stages` shared-memory stages
 //! each of K and V, from the last block to the first (so the masked blocks
@@ -23,18 +24,20 @@
 //! part of the block's key blocks through its own stages (with warp
 //! barriers only), and [`crate::warp_merge`] merges them at the end.
 //!
-//! Why the pipeline, the key loop and the epilogue are sections of
-//! `forward_tile` (closures and a macro) rather than types and functions of
-//! their own: LLVM inlines every `#[inline(always)]` function of the kernel
-//! in the order of their symbols, and the order and the boundaries decide
-//! how the inlined code is simplified. Each of these as a function of its
-//! own changed the PTX (instruction order, address arithmetic; in one
-//! attempt spills at d=96 and d=128), where the kernels' speed at 255
-//! registers depends on it. The scheduler and the tile function do not
-//! change it.
+//! Why the pipeline and the key loop are sections of `forward_tile`
+//! (closures and a macro) rather than types and functions of their own:
+//! the PTX depends on more than what the code computes. LLVM inlines every
+//! `#[inline(always)]` function of the kernel in the order of their
+//! symbols, and simplifies (before it merges blocks) across the blocks that
+//! each call leaves; which values cross a function boundary, and in what
+//! form, decides how the inlined code is folded. The pipeline as a type
+//! with methods, and the key step as a function, each changed the PTX
+//! (instruction order, address arithmetic; in one attempt spills at d=96
+//! and d=128), where the kernels' speed at 255 registers depends on it.
+//! The scheduler, the tile function and the epilogue function do not.
 
 use crate::arch;
-use crate::epilogue::{self, OutputRows};
+use crate::epilogue::{self, TileRows};
 use crate::kernel::ForwardKernel;
 use crate::layout::SmemTile;
 use crate::mma;
@@ -459,50 +462,17 @@ unsafe fn forward_tile<
         key_step!(step, false);
     }
 
-    if K::WARPS_SPLIT_KEYS && (K::WARPS as usize) > 1 {
-        let scratch = q_tile.after_rows(block_m);
-        if !warp_merge::merge_into_first_warp(
-            &mut softmax,
-            &mut o,
-            scratch,
-            (K::WARPS as usize) as u32,
-            warp,
-            lane,
-            scale_log2,
-        ) {
-            return; // warp 0 writes the block's output
-        }
-    }
-    let valid_rows = rows_in_block.saturating_sub(warp_first_row);
-    if K::GENERAL && params.num_splits > 1 {
-        // [split, batch, head, row] over the longest seqlen_q.
-        let row = (((split * K::Scheduler::batches(params) + batch) * params.heads_q + head) * params.seqlen_q)
-            as usize
-            + (first_row + warp_first_row) as usize;
-        epilogue::write_partial_output::<M_TILES, DIM_TILES, HEAD_DIM>(
-            &o,
-            &softmax,
-            scale_log2,
-            params.o_partial.wrapping_add(row * HEAD_DIM),
-            params.lse_partial.wrapping_add(row),
-            valid_rows,
-            lane,
-        );
-        return;
-    }
-    // Each warp stages O in its own rows of the Q tile, which only it reads.
-    let out = OutputRows {
-        first_row: warp_first_row,
-        o: params.o.wrapping_offset(
-            (seq.o_offset
-                + (first_row + warp_first_row) as i64 * params.o_row_stride
-                + head as i64 * params.o_head_stride) as isize,
-        ),
-        o_row_stride: params.o_row_stride as u32,
-        lse: params.lse.wrapping_offset(
-            (seq.lse_offset + head as i64 * params.lse_head_stride + (first_row + warp_first_row) as i64) as isize,
-        ),
-        valid_rows,
-    };
-    epilogue::write_output::<K::Element, M_TILES, DIM_TILES, HEAD_DIM>(&o, &softmax, scale_log2, q_tile, out, lane);
+    let rows = TileRows { first_row, warp_first_row, rows_in_block };
+    epilogue::write_tile::<K, M_TILES, DIM_TILES, HEAD_DIM>(
+        params,
+        &tile,
+        &seq,
+        rows,
+        &mut softmax,
+        &mut o,
+        scale_log2,
+        q_tile,
+        tid,
+        lane,
+    );
 }
