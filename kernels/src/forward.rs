@@ -204,6 +204,21 @@ unsafe fn forward_tile<
         // live values spill one register at d=128 (sm_80).
         core::hint::assert_unchecked(n_end > n_begin);
     }
+    // ---- The K/V pipeline: the closures `k_tile`, `v_tile`,
+    // `load_key_block` and `prefetch`, the prologue, and the waits, barriers
+    // and copies at the top of each key step and before its P V.
+    // Contract: at step `s` of the key loop (key block `n = n_end - 1 - s`),
+    // after the top-of-step wait and barrier K[n] has landed in
+    // `k_tile(stage)` for every thread of the stage set (the block, or the
+    // warp when the warps split the keys), and after the wait before P V
+    // V[n] has landed in `v_tile(stage)`; no copy writes a stage while a
+    // thread of its set may still read it. Every group committed counts in
+    // the waits: Q is group 0, each K or V block one group, and deeper
+    // pipelines commit two empty groups per block past the last, so that
+    // every step counts the same groups in flight. After the prologue's
+    // barrier Q has landed for every warp. The key loop issues no copy,
+    // wait or block barrier of its own.
+    //
     // Who loads a K/V stage and who waits for it: the warp alone when it
     // has its own stages, else the whole block.
     let kv_threads = if K::WARPS_SPLIT_KEYS { 32 } else { threads };
@@ -304,6 +319,13 @@ unsafe fn forward_tile<
     }
     arch::sync_threads(); // Q has landed for every warp.
 
+    // ---- The key loop, per warp: Q K^T, score modifiers (general
+    // kernels), the mask where the block needs one, the online softmax,
+    // P V. Contract: needs Q landed (above) and, at each step, the stage
+    // the pipeline hands it; reads only that stage and the Q tile; issues
+    // only the softmax's warp collectives itself; leaves the warp's softmax
+    // state and unnormalised O over its key blocks (max -inf, sum 0, O = 0
+    // for a warp that saw none) for the epilogue.
     let warp_first_row = if K::WARPS_SPLIT_KEYS { 0 } else { warp * 16 * M_TILES as u32 };
     let q_operand = mma::QOperand::<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>::new(q_tile, warp_first_row, lane);
     let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, visibility, causal: K::CAUSAL };
