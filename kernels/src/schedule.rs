@@ -69,20 +69,25 @@ impl TileScheduler for OneShot {
 
     #[inline(always)]
     unsafe fn initial<K: ForwardKernel>(params: &ForwardParams) -> WorkTile {
-        // The grid registers are read in the order the kernel body read
-        // them before it had a scheduler (the same PTX).
-        let (m_block, split, head, batch) = if K::GENERAL {
-            let (head, batch) = (arch::block_idx_y(), arch::block_idx_z());
+        // Written so that the PTX is the one the kernel body compiled to
+        // before it had a scheduler: the grid registers are read in the
+        // order it read them, and the general kernels' head and batch go
+        // into the tile before the query block is decoded (built last,
+        // LLVM sinks their reads past the division, moving them in the
+        // PTX).
+        if K::GENERAL {
+            let mut tile = WorkTile { m_block: 0, split: 0, head: arch::block_idx_y(), batch: arch::block_idx_z() };
             let m_blocks = params.seqlen_q.div_ceil(K::BLOCK_M);
             core::hint::assert_unchecked(m_blocks != 0);
-            (m_blocks - 1 - arch::block_idx_x() % m_blocks, arch::block_idx_x() / m_blocks, head, batch)
+            tile.m_block = m_blocks - 1 - arch::block_idx_x() % m_blocks;
+            tile.split = arch::block_idx_x() / m_blocks;
+            tile
         } else {
             let block = arch::block_idx_x();
             let m_block = if K::CAUSAL { arch::grid_dim_x() - 1 - block } else { block };
             let batch = arch::block_idx_z();
-            (m_block, 0, arch::block_idx_y(), batch)
-        };
-        WorkTile { m_block, split, head, batch }
+            WorkTile { m_block, split: 0, head: arch::block_idx_y(), batch }
+        }
     }
 
     #[inline(always)]
