@@ -1,15 +1,21 @@
 //! One forward kernel instance as one value: its element type, variant,
 //! tile configuration and block scheduler ([`ForwardKernel`]).
 //!
-//! The kernel's parts ([`crate::schedule`], [`crate::kv_pipeline`],
-//! [`crate::mainloop`], [`crate::epilogue`]) read every behaviour flag
-//! (stages, waits, masked-step split, softmax in halves, warps splitting the
-//! keys, ...) from `K::CONFIG` where they use it: each is a constant of the
-//! instance, which LLVM folds as it folded the const generics they replace.
-//! Only the array sizes stay const generics of the kernel body (Rust cannot
-//! size an array from an expression of a generic parameter without the
-//! incomplete `generic_const_exprs`); [`crate::forward::flash_forward`]
+//! The kernel's parts ([`crate::schedule`], [`crate::forward`],
+//! [`crate::epilogue`]) read every behaviour flag (stages, waits,
+//! masked-step split, softmax in halves, warps splitting the keys, ...)
+//! from `K` where they use it: each is a constant of the instance, which
+//! LLVM folds as it folded the const generics they replace. Only the array
+//! sizes (and the Q operand's form, a type parameter of
+//! [`crate::mma::QOperand`]) stay const generics of the kernel body: Rust
+//! cannot size an array from an expression of a generic parameter without
+//! the incomplete `generic_const_exprs`. [`crate::forward::flash_forward`]
 //! asserts at compile time that they agree with `CONFIG`.
+//!
+//! `const C: TileConfig` (feature `adt_const_params`, complete on the
+//! pinned nightly) would also work, but needs the feature and a
+//! `ConstParamTy` derive in the ABI crate, which the host builds too; the
+//! trait carries the element type, variant and scheduler beside the config.
 
 use flash_attn_abi::kernels::Variant;
 
@@ -36,10 +42,10 @@ pub trait ForwardKernel {
     const GENERAL: bool = Self::VARIANT.is_general();
 
     // Scalar views of `CONFIG`, derived; implementations leave them. The
-    // body reads each flag through these: an associated const of scalar
-    // type reaches LLVM as an immediate, as the const generics did, where a
-    // field of the `CONFIG` aggregate reaches it as a load from a constant
-    // global, which LLVM folds only later and optimises differently around.
+    // body reads each flag through these, spelled as the const generics it
+    // had before: other spellings of the same constants (a field of
+    // `CONFIG`, a shorter cast) give LLVM other MIR to start from, and
+    // changed the PTX (see crate::forward).
     const BLOCK_M: u32 = Self::CONFIG.block_m;
     const BLOCK_N: u32 = Self::CONFIG.block_n;
     const WARPS: u32 = Self::CONFIG.warps;
