@@ -6,7 +6,8 @@
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
 //! and masking; [`warp_merge`] merging the warps of a block that split the
 //! keys; [`epilogue`] normalising and storing O and the LSE; [`kernel`] a
-//! kernel instance as one value ([`kernel::ForwardKernel`]); [`schedule`]
+//! kernel instance as one value ([`kernel::ForwardKernel`]); [`kv_pipeline`]
+//! the K/V pipeline (copies, waits, barriers); [`schedule`]
 //! the block scheduler; [`forward`] the kernel body; [`entry`] the exported
 //! kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
@@ -37,6 +38,7 @@ pub mod entry;
 pub mod epilogue;
 pub mod forward;
 pub mod kernel;
+pub mod kv_pipeline;
 pub mod layout;
 pub mod mma;
 pub mod probe;
