@@ -4,12 +4,14 @@
 //!   scheduler ([`crate::schedule`]) for work tiles and runs each. With the
 //!   one-shot scheduler of every shipped kernel this is the tile run once.
 //! - `forward_tile`, one work tile: `block_m` query rows of one (batch,
-//!   head) against the key blocks they see ([`crate::problem`]), in three
-//!   stages: the K/V pipeline (Q's copy, the K/V shared-memory stages, every
-//!   `cp.async` wait, barrier and prefetch) and the key loop (Q K^T, score
-//!   modifiers, mask, online softmax, P V), each below with its contract,
-//!   then the epilogue ([`epilogue::write_tile`]: [`crate::warp_merge`],
-//!   then O and the LSE or a split's partials).
+//!   head) against the key blocks they see ([`crate::problem`]): the
+//!   scheduler's tile, its sequence and visibility, then the K/V pipeline's
+//!   prologue ([`crate::kv_pipeline`]: Q's copy, the K/V shared-memory
+//!   stages, every `cp.async` wait, barrier and prefetch), the key loop over
+//!   its steps ([`crate::mainloop`]: Q K^T, score modifiers, mask, online
+//!   softmax, P V), then the epilogue ([`epilogue::write_tile`]:
+//!   [`crate::warp_merge`], then O and the LSE or a split's partials). Each
+//!   of the three modules states its contract.
 //!
 //! The tile streams its key blocks through `stages` shared-memory stages
 //! each of K and V, from the last block to the first (so the masked blocks
@@ -24,18 +26,23 @@
 //! part of the block's key blocks through its own stages (with warp
 //! barriers only), and [`crate::warp_merge`] merges them at the end.
 //!
-//! The K/V pipeline is [`crate::kv_pipeline`]'s types; the key loop is a
-//! section of `forward_tile` (a macro). Why the key loop is not a function
-//! of its own: the PTX depends on more than what the code computes. LLVM
-//! inlines every `#[inline(always)]` function of the kernel in the order of
-//! their symbols, and simplifies (before it merges blocks) across the blocks
-//! that each call leaves; which values cross a function boundary, and in
-//! what form, decides how the inlined code is folded. The key step as a
-//! function changed the PTX (instruction order, address arithmetic; in one
-//! attempt spills at d=96 and d=128), where the kernels' speed at 255
-//! registers depends on it. The pipeline keeps the PTX only as its module
-//! doc says (types that mirror the closures it replaced). The scheduler,
-//! the tile function and the epilogue function do not change it.
+//! Why the pipeline is the types it is and the key step a macro (not a
+//! function), each in its module: the PTX depends on more than what the
+//! code computes. LLVM inlines every `#[inline(always)]` function of the
+//! kernel that rustc's MIR inliner left in the order of their symbols,
+//! before it simplifies, and inlines an `#[inline]` one (as rustc marks
+//! closures) only after simplifying it; which values cross a function
+//! boundary, and in what form, decides how the inlined code is folded.
+//! Other forms were measured to change the PTX, some with spills at d=128
+//! (each module's doc lists them), where the kernels' speed at 255
+//! registers depends on it. The scheduler, the tile function and the
+//! epilogue function do not change it. The pipeline's waits and barriers
+//! at the top of a step and before its P V, and its prologue, stay in the
+//! key step and here, spelled out: as `KvPipeline` methods they changed the
+//! PTX (`top_of_step` or `before_pv`: 44 kernels beyond register numbers
+//! and labels; `prologue`: 8; even the stage selection alone: 6, d=160-256
+//! full), with ptxas registers unchanged, and as `#[inline]` methods they
+//! spilled.
 
 use crate::arch;
 use crate::epilogue::{self, TileRows};
@@ -263,13 +270,9 @@ unsafe fn forward_tile<
     }
     arch::sync_threads(); // Q has landed for every warp.
 
-    // ---- The key loop, per warp: Q K^T, score modifiers (general
-    // kernels), the mask where the block needs one, the online softmax,
-    // P V. Contract: needs Q landed (above) and, at each step, the stage
-    // the pipeline hands it; reads only that stage and the Q tile; issues
-    // only the softmax's warp collectives itself; leaves the warp's softmax
-    // state and unnormalised O over its key blocks (max -inf, sum 0, O = 0
-    // for a warp that saw none) for the epilogue.
+    // ---- The key loop, per warp: [`crate::mainloop`]'s `key_step!` (Q K^T,
+    // score modifiers, mask, online softmax, P V), whose doc states its
+    // contract, over the steps below.
     let warp_first_row = if K::WARPS_SPLIT_KEYS { 0 } else { warp * 16 * M_TILES as u32 };
     let q_operand = mma::QOperand::<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>::new(q_tile, warp_first_row, lane);
     let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, visibility, causal: K::CAUSAL };
@@ -311,109 +314,13 @@ unsafe fn forward_tile<
         0
     };
     macro_rules! key_step {
-        ($step:expr, $masked:expr) => {{
-            let step: u32 = $step;
-            let n = n_end - 1 - step;
-            let (stage, next_stage) = match (K::STAGES as usize) {
-                1 => (0, 0),
-                2 => (step % 2, 1 - step % 2),
-                _ => (step % stages, (step + stages - 1) % stages),
-            };
-            let last = n == n_begin;
-            cp_async_wait_pending(match (K::STAGES as usize) {
-                1 => 0,
-                2 if !K::WAIT_KV_AT_TOP => 1,
-                _ => 2 * ((K::STAGES as usize) - 2),
-            });
-            pipeline.kv_barrier();
-            if (K::STAGES as usize) == 1 {
-                pipeline.load_key_block(pipeline.v_tile(0), n, false, false);
-            } else {
-                pipeline.prefetch(next_stage, step + stages - 1, true);
-            }
-
-            let first_key = n * block_n;
-            if K::SOFTMAX_IN_HALVES {
-                // The block in two halves of keys: the second half's Q K^T
-                // runs beside the first half's exponentials, the first
-                // half's P V beside the second half's (measured faster at
-                // d=64: docs/tuning.md, d=64).
-                let half_keys = block_n / 2;
-                let needs_mask = $masked
-                    || (!K::SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n));
-                // Scores into logits: modifiers, then the mask.
-                let logits = |s: &mut mma::Accumulators<M_TILES, HALF_TILES>, first_key: u32| {
-                    if K::GENERAL && modifiers.active() {
-                        modifiers.apply::<M_TILES, HALF_TILES>(s, first_key as i32, lane);
-                    }
-                    if needs_mask {
-                        mask.apply::<M_TILES, HALF_TILES>(s, first_key as i32, lane);
-                    }
-                };
-                let mut s_first = mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                    &q_operand,
-                    pipeline.k_tile(stage),
-                    lane,
-                );
-                logits(&mut s_first, first_key);
-                softmax.rebase(&s_first, &mut [[[0.0; 4]; 0]; M_TILES], &mut o, scale_log2);
-                let mut s_second = mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                    &q_operand,
-                    SmemTile::at(pipeline.k_tile(stage).after_rows(half_keys)),
-                    lane,
-                );
-                softmax.exponentiate(&mut s_first, scale_log2);
-                logits(&mut s_second, first_key + half_keys);
-                softmax.rebase(&s_second, &mut s_first, &mut o, scale_log2);
-                softmax.exponentiate(&mut s_second, scale_log2);
-                let p_first = mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_first);
-                let p_second = mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_second);
-                mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
-                    &mut o,
-                    &p_first,
-                    pipeline.v_tile(stage),
-                    lane,
-                );
-                mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
-                    &mut o,
-                    &p_second,
-                    SmemTile::at(pipeline.v_tile(stage).after_rows(half_keys)),
-                    lane,
-                );
-            } else {
-                let mut s = mma::scores::<K::Element, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                    &q_operand,
-                    pipeline.k_tile(stage),
-                    lane,
-                );
-                if K::GENERAL && modifiers.active() {
-                    modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-                }
-                if $masked
-                    || (!K::SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
-                {
-                    mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-                }
-                softmax.update(&mut s, &mut o, scale_log2);
-                let p = mma::probabilities_as_a::<K::Element, M_TILES, N_TILES, N_STEPS>(&s);
-
-                if (K::STAGES as usize) == 1 {
-                    arch::cp_async_wait::<0>(); // V[n] has landed
-                    pipeline.kv_barrier(); // and every warp is done with K[n].
-                    if !last {
-                        pipeline.load_key_block(pipeline.k_tile(0), n - 1, true, true);
-                    }
-                } else if (K::STAGES as usize) == 2 && !K::WAIT_KV_AT_TOP {
-                    if !last {
-                        arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
-                    } else {
-                        arch::cp_async_wait::<0>();
-                    }
-                    pipeline.kv_barrier();
-                }
-                mma::accumulate_pv::<K::Element, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, pipeline.v_tile(stage), lane);
-            }
-        }};
+        ($step:expr, $masked:expr) => {
+            crate::mainloop::key_step!(
+                $step, $masked;
+                pipeline, n_end, n_begin, stages, block_n, first_row, last_row, visibility,
+                mask, modifiers, q_operand, lane, scale_log2, softmax, o
+            )
+        };
     }
     if K::CAUSAL {
         for step in 0..masked_steps {

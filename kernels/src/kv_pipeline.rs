@@ -11,8 +11,10 @@
 //! committed counts in the waits: Q is group 0, each K or V block one
 //! group, and deeper pipelines commit two empty groups per block past the
 //! last, so that every step counts the same groups in flight. After the
-//! prologue's barrier Q has landed for every warp. The key loop issues no
-//! copy, wait or block barrier of its own.
+//! prologue's barrier Q has landed for every warp. The waits and barriers
+//! at the top of each step and before its P V are the pipeline's, spelled
+//! out in the key step ([`crate::mainloop`]; `forward` says why); the key
+//! loop issues no other copy, wait or block barrier.
 //!
 //! Who loads a K/V stage and who waits for it: the warp alone when it has
 //! its own stages, else the whole block.
