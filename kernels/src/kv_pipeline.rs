@@ -1,6 +1,8 @@
-//! The K/V pipeline of a forward work tile ([`KvPipeline`]): Q's copy, the
-//! K/V shared-memory stages, and every `cp.async` copy, wait and barrier of
-//! the key loop ([`crate::forward`]).
+//! The K/V pipeline of a forward work tile ([`KvPipeline`]): the K/V
+//! shared-memory stages and the `cp.async` copies of K and V into them. Its
+//! prologue (Q's copy, the first blocks, the wait for Q) is spelled out in
+//! `forward_tile`, and its waits and barriers in the key step
+//! ([`crate::mainloop`]); the contract below covers them too.
 //!
 //! Contract: at step `s` of the key loop (key block `n = n_end - 1 - s`),
 //! after the top-of-step wait and barrier K[n] has landed in
