@@ -4,12 +4,14 @@
 //!   scheduler ([`crate::schedule`]) for work tiles and runs each. With the
 //!   one-shot scheduler of every shipped kernel this is the tile run once.
 //! - `forward_tile`, one work tile: `block_m` query rows of one (batch,
-//!   head) against the key blocks they see ([`crate::problem`]), in three
-//!   stages: the K/V pipeline (Q's copy, the K/V shared-memory stages, every
-//!   `cp.async` wait, barrier and prefetch) and the key loop (Q K^T, score
-//!   modifiers, mask, online softmax, P V), each below with its contract,
-//!   then the epilogue ([`epilogue::write_tile`]: [`crate::warp_merge`],
-//!   then O and the LSE or a split's partials).
+//!   head) against the key blocks they see ([`crate::problem`]): the
+//!   scheduler's tile, its sequence and visibility, then the K/V pipeline's
+//!   prologue ([`crate::kv_pipeline`]: Q's copy, the K/V shared-memory
+//!   stages, every `cp.async` wait, barrier and prefetch), the key loop over
+//!   its steps ([`crate::mainloop`]: Q K^T, score modifiers, mask, online
+//!   softmax, P V), then the epilogue ([`epilogue::write_tile`]:
+//!   [`crate::warp_merge`], then O and the LSE or a split's partials). Each
+//!   of the three modules states its contract.
 //!
 //! The tile streams its key blocks through `stages` shared-memory stages
 //! each of K and V, from the last block to the first (so the masked blocks
@@ -24,21 +26,28 @@
 //! part of the block's key blocks through its own stages (with warp
 //! barriers only), and [`crate::warp_merge`] merges them at the end.
 //!
-//! Why the pipeline and the key loop are sections of `forward_tile`
-//! (closures and a macro) rather than types and functions of their own:
-//! the PTX depends on more than what the code computes. LLVM inlines every
-//! `#[inline(always)]` function of the kernel in the order of their
-//! symbols, and simplifies (before it merges blocks) across the blocks that
-//! each call leaves; which values cross a function boundary, and in what
-//! form, decides how the inlined code is folded. The pipeline as a type
-//! with methods, and the key step as a function, each changed the PTX
-//! (instruction order, address arithmetic; in one attempt spills at d=96
-//! and d=128), where the kernels' speed at 255 registers depends on it.
-//! The scheduler, the tile function and the epilogue function do not.
+//! Why the pipeline is the types it is and the key step a macro (not a
+//! function), each in its module: the PTX depends on more than what the
+//! code computes. LLVM inlines every `#[inline(always)]` function of the
+//! kernel that rustc's MIR inliner left in the order of their symbols,
+//! before it simplifies, and inlines an `#[inline]` one (as rustc marks
+//! closures) only after simplifying it; which values cross a function
+//! boundary, and in what form, decides how the inlined code is folded.
+//! Other forms were measured to change the PTX, some with spills at d=128
+//! (each module's doc lists them), where the kernels' speed at 255
+//! registers depends on it. The scheduler, the tile function and the
+//! epilogue function do not change it. The pipeline's waits and barriers
+//! at the top of a step and before its P V, and its prologue, stay in the
+//! key step and here, spelled out: as `KvPipeline` methods they changed the
+//! PTX (`top_of_step` or `before_pv`: 44 kernels beyond register numbers
+//! and labels; `prologue`: 8; even the stage selection alone: 6, d=160-256
+//! full), with ptxas registers unchanged, and as `#[inline]` methods they
+//! spilled.
 
 use crate::arch;
 use crate::epilogue::{self, TileRows};
 use crate::kernel::ForwardKernel;
+use crate::kv_pipeline::{KStages, KeyBlockLoader, KvPipeline, KvThread, VStages};
 use crate::layout::SmemTile;
 use crate::mma;
 use crate::params::ForwardParams;
@@ -204,37 +213,10 @@ unsafe fn forward_tile<
         // live values spill one register at d=128 (sm_80).
         core::hint::assert_unchecked(n_end > n_begin);
     }
-    // ---- The K/V pipeline: the closures `k_tile`, `v_tile`,
-    // `load_key_block` and `prefetch`, the prologue, and the waits, barriers
-    // and copies at the top of each key step and before its P V.
-    // Contract: at step `s` of the key loop (key block `n = n_end - 1 - s`),
-    // after the top-of-step wait and barrier K[n] has landed in
-    // `k_tile(stage)` for every thread of the stage set (the block, or the
-    // warp when the warps split the keys), and after the wait before P V
-    // V[n] has landed in `v_tile(stage)`; no copy writes a stage while a
-    // thread of its set may still read it. Every group committed counts in
-    // the waits: Q is group 0, each K or V block one group, and deeper
-    // pipelines commit two empty groups per block past the last, so that
-    // every step counts the same groups in flight. After the prologue's
-    // barrier Q has landed for every warp. The key loop issues no copy,
-    // wait or block barrier of its own.
-    //
-    // Who loads a K/V stage and who waits for it: the warp alone when it
-    // has its own stages, else the whole block.
+    // ---- The K/V pipeline ([`KvPipeline`], whose doc states its
+    // contract): its parts hold references to these locals, as the closures
+    // they replaced captured them.
     let kv_threads = if K::WARPS_SPLIT_KEYS { 32 } else { threads };
-    // With `rederive_copy_offsets`, %tid.x is read again at each load, so
-    // that the copies' per-thread offsets are recomputed there instead of
-    // held through the key loop.
-    let kv_thread = || {
-        let tid = if K::REDERIVE_COPY_OFFSETS { arch::thread_idx_x_here() } else { tid };
-        if K::WARPS_SPLIT_KEYS {
-            tid % 32
-        } else {
-            tid
-        }
-    };
-    let kv_barrier = || if K::WARPS_SPLIT_KEYS { arch::sync_warp() } else { arch::sync_threads() };
-
     let q = params
         .q
         .offset((seq.q_offset + first_row as i64 * params.q_row_stride + head as i64 * params.q_head_stride) as isize);
@@ -247,56 +229,25 @@ unsafe fn forward_tile<
     let q_tile = SmemTile::<HEAD_DIM>::at(smem);
     let stages = (K::STAGES as usize) as u32;
     let first_stage_row = block_m + if K::WARPS_SPLIT_KEYS { warp * 2 * stages * block_n } else { 0 };
-    // Stage addresses are computed, not indexed from an array, so that no
-    // array of them lands in local memory.
-    let k_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(first_stage_row + stage * block_n));
-    let v_tile = |stage: u32| SmemTile::<HEAD_DIM>::at(q_tile.after_rows(first_stage_row + (stages + stage) * block_n));
-    // Loads key block `n` of k (`keys`) or v into `tile`, one copy group.
-    // Only the last block the rows see (`n_end - 1`, loop order's first)
-    // may reach past seqlen_k; every earlier one is `whole`. The general
-    // kernels and the dense non-causal ones of two or more stages then skip
-    // the bound check: in the general ones its per-pass row compares are
-    // otherwise live through the key loop (with them, d=128 spills); the
-    // non-causal ones were measured slightly faster without at d=64-128
-    // (docs/tuning.md, the configuration table). The dense causal kernels
-    // keep it (without, d=128 spills), and so do the one-stage ones (slower
-    // without at d=160, 192 and 256: docs/tuning.md, ideas not adopted).
-    let load_key_block = |tile: SmemTile<HEAD_DIM>, n: u32, keys: bool, whole: bool| {
-        let first_key = n * block_n;
-        let (k_offset, v_offset) = seq.key_offsets::<K>(params, first_key);
-        let (src, offset, row_stride) =
-            if keys { (k, k_offset, params.k_row_stride) } else { (v, v_offset, params.v_row_stride) };
-        // The host keeps row strides within MAX_ROW_STRIDE.
-        let row_stride = row_stride as u32;
-        load_tile_async::<HEAD_DIM>(
-            tile,
-            block_n,
-            src.offset(offset as isize),
-            row_stride,
-            if whole && (K::GENERAL || (!K::CAUSAL && (K::STAGES as usize) > 1)) {
-                block_n
-            } else {
-                seq.seqlen_k - first_key
-            },
-            kv_thread(),
-            kv_threads,
-            K::CAUSAL,
-        );
-        arch::cp_async_commit();
+    let kv_thread = KvThread::<K> { tid: &tid, kernel: core::marker::PhantomData };
+    let k_stages = KStages::<HEAD_DIM> { q_tile: &q_tile, first_stage_row: &first_stage_row, block_n: &block_n };
+    let v_stages =
+        VStages::<HEAD_DIM> { q_tile: &q_tile, first_stage_row: &first_stage_row, stages: &stages, block_n: &block_n };
+    let loader = KeyBlockLoader::<K, HEAD_DIM> {
+        block_n: &block_n,
+        seq: &seq,
+        params,
+        k: &k,
+        v: &v,
+        kv_thread: &kv_thread,
+        kv_threads: &kv_threads,
     };
-    // K and V of the block `ahead` blocks after (in loop order) the first
-    // one, into `stage`. Past the last block, deeper pipelines commit two
-    // empty groups instead, so that every step counts the same groups in
-    // flight; two stages need not (their last step waits for all). Blocks
-    // `ahead > 0` are whole, which the callers say as a constant.
-    let prefetch = |stage: u32, ahead: u32, whole: bool| {
-        if ahead < n_end - n_begin {
-            load_key_block(k_tile(stage), n_end - 1 - ahead, true, whole);
-            load_key_block(v_tile(stage), n_end - 1 - ahead, false, whole);
-        } else if (K::STAGES as usize) > 2 {
-            arch::cp_async_commit();
-            arch::cp_async_commit();
-        }
+    let pipeline = KvPipeline::<K, HEAD_DIM> {
+        n_end: &n_end,
+        n_begin: &n_begin,
+        loader: &loader,
+        k_stages: &k_stages,
+        v_stages: &v_stages,
     };
 
     // Prologue: Q, then blocks n_end - 1 .. n_end - (stages - 1) into stages
@@ -305,11 +256,11 @@ unsafe fn forward_tile<
     arch::cp_async_commit();
     if (K::STAGES as usize) == 1 {
         if n_end > n_begin {
-            load_key_block(k_tile(0), n_end - 1, true, false);
+            pipeline.load_key_block(pipeline.k_tile(0), n_end - 1, true, false);
         }
     } else {
         for stage in 0..stages - 1 {
-            prefetch(stage, stage, stage > 0);
+            pipeline.prefetch(stage, stage, stage > 0);
         }
     }
     if (K::STAGES as usize) > 2 || n_end > n_begin {
@@ -319,13 +270,9 @@ unsafe fn forward_tile<
     }
     arch::sync_threads(); // Q has landed for every warp.
 
-    // ---- The key loop, per warp: Q K^T, score modifiers (general
-    // kernels), the mask where the block needs one, the online softmax,
-    // P V. Contract: needs Q landed (above) and, at each step, the stage
-    // the pipeline hands it; reads only that stage and the Q tile; issues
-    // only the softmax's warp collectives itself; leaves the warp's softmax
-    // state and unnormalised O over its key blocks (max -inf, sum 0, O = 0
-    // for a warp that saw none) for the epilogue.
+    // ---- The key loop, per warp: [`crate::mainloop`]'s `key_step!` (Q K^T,
+    // score modifiers, mask, online softmax, P V), whose doc states its
+    // contract, over the steps below.
     let warp_first_row = if K::WARPS_SPLIT_KEYS { 0 } else { warp * 16 * M_TILES as u32 };
     let q_operand = mma::QOperand::<M_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>::new(q_tile, warp_first_row, lane);
     let mask = ScoreMask { first_row: (first_row + warp_first_row) as i32, visibility, causal: K::CAUSAL };
@@ -367,109 +314,13 @@ unsafe fn forward_tile<
         0
     };
     macro_rules! key_step {
-        ($step:expr, $masked:expr) => {{
-            let step: u32 = $step;
-            let n = n_end - 1 - step;
-            let (stage, next_stage) = match (K::STAGES as usize) {
-                1 => (0, 0),
-                2 => (step % 2, 1 - step % 2),
-                _ => (step % stages, (step + stages - 1) % stages),
-            };
-            let last = n == n_begin;
-            cp_async_wait_pending(match (K::STAGES as usize) {
-                1 => 0,
-                2 if !K::WAIT_KV_AT_TOP => 1,
-                _ => 2 * ((K::STAGES as usize) - 2),
-            });
-            kv_barrier();
-            if (K::STAGES as usize) == 1 {
-                load_key_block(v_tile(0), n, false, false);
-            } else {
-                prefetch(next_stage, step + stages - 1, true);
-            }
-
-            let first_key = n * block_n;
-            if K::SOFTMAX_IN_HALVES {
-                // The block in two halves of keys: the second half's Q K^T
-                // runs beside the first half's exponentials, the first
-                // half's P V beside the second half's (measured faster at
-                // d=64: docs/tuning.md, d=64).
-                let half_keys = block_n / 2;
-                let needs_mask = $masked
-                    || (!K::SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n));
-                // Scores into logits: modifiers, then the mask.
-                let logits = |s: &mut mma::Accumulators<M_TILES, HALF_TILES>, first_key: u32| {
-                    if K::GENERAL && modifiers.active() {
-                        modifiers.apply::<M_TILES, HALF_TILES>(s, first_key as i32, lane);
-                    }
-                    if needs_mask {
-                        mask.apply::<M_TILES, HALF_TILES>(s, first_key as i32, lane);
-                    }
-                };
-                let mut s_first = mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                    &q_operand,
-                    k_tile(stage),
-                    lane,
-                );
-                logits(&mut s_first, first_key);
-                softmax.rebase(&s_first, &mut [[[0.0; 4]; 0]; M_TILES], &mut o, scale_log2);
-                let mut s_second = mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                    &q_operand,
-                    SmemTile::at(k_tile(stage).after_rows(half_keys)),
-                    lane,
-                );
-                softmax.exponentiate(&mut s_first, scale_log2);
-                logits(&mut s_second, first_key + half_keys);
-                softmax.rebase(&s_second, &mut s_first, &mut o, scale_log2);
-                softmax.exponentiate(&mut s_second, scale_log2);
-                let p_first = mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_first);
-                let p_second = mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_second);
-                mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
-                    &mut o,
-                    &p_first,
-                    v_tile(stage),
-                    lane,
-                );
-                mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
-                    &mut o,
-                    &p_second,
-                    SmemTile::at(v_tile(stage).after_rows(half_keys)),
-                    lane,
-                );
-            } else {
-                let mut s = mma::scores::<K::Element, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                    &q_operand,
-                    k_tile(stage),
-                    lane,
-                );
-                if K::GENERAL && modifiers.active() {
-                    modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-                }
-                if $masked
-                    || (!K::SPLIT_MASKED_STEPS && visibility.block_needs_mask(first_row, last_row, first_key, block_n))
-                {
-                    mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, lane);
-                }
-                softmax.update(&mut s, &mut o, scale_log2);
-                let p = mma::probabilities_as_a::<K::Element, M_TILES, N_TILES, N_STEPS>(&s);
-
-                if (K::STAGES as usize) == 1 {
-                    arch::cp_async_wait::<0>(); // V[n] has landed
-                    kv_barrier(); // and every warp is done with K[n].
-                    if !last {
-                        load_key_block(k_tile(0), n - 1, true, true);
-                    }
-                } else if (K::STAGES as usize) == 2 && !K::WAIT_KV_AT_TOP {
-                    if !last {
-                        arch::cp_async_wait::<2>(); // V[n] has landed; K[n - 1], V[n - 1] may be in flight.
-                    } else {
-                        arch::cp_async_wait::<0>();
-                    }
-                    kv_barrier();
-                }
-                mma::accumulate_pv::<K::Element, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(&mut o, &p, v_tile(stage), lane);
-            }
-        }};
+        ($step:expr, $masked:expr) => {
+            crate::mainloop::key_step!(
+                $step, $masked;
+                pipeline, n_end, n_begin, stages, block_n, first_row, last_row, visibility,
+                mask, modifiers, q_operand, lane, scale_log2, softmax, o
+            )
+        };
     }
     if K::CAUSAL {
         for step in 0..masked_steps {

@@ -6,7 +6,9 @@
 //! fragment loads and the two matrix products; [`softmax`] the online softmax
 //! and masking; [`warp_merge`] merging the warps of a block that split the
 //! keys; [`epilogue`] normalising and storing O and the LSE; [`kernel`] a
-//! kernel instance as one value ([`kernel::ForwardKernel`]); [`schedule`]
+//! kernel instance as one value ([`kernel::ForwardKernel`]); [`kv_pipeline`]
+//! the K/V pipeline (copies, waits, barriers); [`mainloop`] the key loop's
+//! step (Q K^T, mask, online softmax, P V); [`schedule`]
 //! the block scheduler; [`forward`] the kernel body; [`entry`] the exported
 //! kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
@@ -37,7 +39,9 @@ pub mod entry;
 pub mod epilogue;
 pub mod forward;
 pub mod kernel;
+pub mod kv_pipeline;
 pub mod layout;
+pub mod mainloop;
 pub mod mma;
 pub mod probe;
 pub mod problem;
