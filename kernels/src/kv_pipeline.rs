@@ -30,13 +30,10 @@
 //! inlines them, [`KeyBlockLoader::load`] and [`KvPipeline::prefetch`], are
 //! `#[inline]`, not `#[inline(always)]`: rustc gives closures `inlinehint`,
 //! so LLVM inlined those two after simplifying them, where an
-//! `alwaysinline` function is inlined before. Measured on the way here
-//! (each against main's PTX): one struct of all the references with every
-//! method `#[inline(always)]` changed 32 kernels and spilled 4 B at d=128
-//! causal on sm_90; the same struct holding values, 48 kernels and 8 B;
-//! these types with `#[inline(always)]` on all, 26 kernels and 4 B; one
-//! struct of references with these two `#[inline]`, 6 kernels (d=160, 224
-//! and 256 full), no spill. The small accessors are
+//! `alwaysinline` function is inlined before. Other spellings (one struct of all
+//! the references, fields by value, `#[inline(always)]` throughout)
+//! changed the PTX of many kernels and spilled at d=128 (docs/tuning.md,
+//! ideas not adopted). The small accessors are
 //! `#[inline(always)]` and rustc's MIR inliner inlines them, as it did the
 //! closures they replace.
 
