@@ -7,6 +7,7 @@ use cust::stream::Stream;
 use flash_attn_abi::kernels::AttentionKernel;
 
 use crate::call::Call;
+use crate::call::Problem;
 use crate::context::ContextRef;
 use crate::error::Result;
 use crate::kvcache::KvCache;
@@ -14,7 +15,7 @@ use crate::launch::launch;
 use crate::module::{KernelModule, KernelResources};
 use crate::plan::{plan, OutputAddrs, Plan};
 use crate::tensor::{Element, Tensor, TensorMut};
-use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, OutputBuffers, Problem};
+use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, OutputBuffers};
 use crate::varlen::SeqOffsets;
 use crate::workspace::{Scratch, Workspace};
 

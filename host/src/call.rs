@@ -7,7 +7,22 @@
 use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::AppendParams;
 
-use crate::validate::Problem;
+/// The most CTAs the keys of one query block are split among (the bound
+/// of [`Call::num_splits`]).
+pub const MAX_SPLITS: usize = flash_attn_abi::params::MAX_SPLITS as usize;
+
+/// The sizes of a validated problem. For variable-length batches the
+/// sequence lengths are the longest ones; for a KV cache `seqlen_k` is the
+/// longest cached sequence (appended keys included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+}
 
 /// A tensor as the kernels address it: its first element and its strides
 /// (elements) over batch, seqlen and heads.

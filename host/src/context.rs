@@ -19,8 +19,8 @@ use cust::sys::{
     cuDevicePrimaryCtxRetain, CUcontext, CUdevice,
 };
 
+use crate::error::driver_call;
 use crate::error::{Error, Result};
-use crate::module::driver_call;
 
 /// A counted reference on the context current when it was taken.
 #[derive(Clone)]

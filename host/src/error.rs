@@ -153,3 +153,12 @@ impl From<cust::error::CudaError> for Error {
 
 /// Result of this crate's calls.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `Ok` for a driver call `call` that returned `status` success, else the error.
+pub(crate) fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
+    if status == cust::sys::cudaError_enum::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::DriverCall { call, code: status as u32 })
+    }
+}

@@ -6,8 +6,9 @@ use std::ffi::c_void;
 use cust::stream::Stream;
 use cust::sys::CUfunction;
 
+use crate::error::driver_call;
 use crate::error::Result;
-use crate::module::{driver_call, KernelModule};
+use crate::module::KernelModule;
 use crate::plan::{KernelArgs, OutputAddrs, Plan};
 use crate::workspace::Scratch;
 

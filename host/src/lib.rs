@@ -66,6 +66,7 @@ mod varlen;
 mod workspace;
 
 pub use attention::{FlashAttention, Output};
+pub use call::{Problem, MAX_SPLITS};
 pub use cust;
 pub use error::{Error, Result};
 use flash_attn_abi::config;
@@ -73,11 +74,10 @@ pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
 pub use half::{bf16, f16};
 pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
 pub use module::{Kernel, KernelResources, PTX};
-pub use plan::{num_splits_heuristic, MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT};
+pub use plan::{num_splits_heuristic, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use tensor::{Element, Tensor, TensorMut};
 pub use validate::{
-    AttentionParams, Layout, Placed, Problem, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN,
-    SUPPORTED_HEAD_DIMS,
+    AttentionParams, Layout, Placed, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN, SUPPORTED_HEAD_DIMS,
 };
 pub use varlen::{check_seq_offsets, offsets_from_lengths, OffsetsSummary, SeqOffsets};
 pub use workspace::Workspace;

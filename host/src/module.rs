@@ -12,7 +12,7 @@ use cust::sys::{CUfunction, CUfunction_attribute};
 use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
 
 use crate::context::ContextRef;
-use crate::error::{Error, Result};
+use crate::error::{driver_call, Error, Result};
 
 /// The kernels' PTX (sm_80), built from `kernels/` by `cargo xtask build-ptx`.
 pub const PTX: &str = include_str!("../kernels.ptx");
@@ -172,15 +172,6 @@ impl Drop for KernelModule {
         // SAFETY: `module` is not used again; the functions looked up from
         // it are dropped with `self`.
         self.context.with_current(|| unsafe { ManuallyDrop::drop(&mut self.module) });
-    }
-}
-
-/// `Ok` for a driver call `call` that returned `status` success, else the error.
-pub(crate) fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
-    if status == cust::sys::cudaError_enum::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::DriverCall { call, code: status as u32 })
     }
 }
 

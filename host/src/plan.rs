@@ -10,12 +10,9 @@ use flash_attn_abi::kernels::{
 };
 use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams, COMBINE_WARPS};
 
-use crate::call::{Append, CacheLengths, Call, Mask, Outputs, Sequences};
+use crate::call::{Append, CacheLengths, Call, Mask, Outputs, Sequences, MAX_SPLITS};
 use crate::error::{Error, Result};
 use crate::module::Kernel;
-
-/// The most CTAs the keys of one query block are split among.
-pub const MAX_SPLITS: usize = flash_attn_abi::params::MAX_SPLITS as usize;
 
 /// The fewest key blocks the heuristic leaves to each split, so that the
 /// merge and the per-split prologue stay small beside the work.
@@ -389,8 +386,8 @@ pub fn plan(call: &Call, wave: impl Fn(&AttentionKernel) -> usize) -> Result<Pla
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call::Problem;
     use crate::call::{Alibi, LseLayout, TensorAt};
-    use crate::validate::Problem;
     use flash_attn_abi::config;
     use flash_attn_abi::kernels::Dtype;
 

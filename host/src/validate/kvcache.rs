@@ -7,10 +7,10 @@ use flash_attn_abi::params::AppendParams;
 
 use super::{
     bytes, check_aliasing, check_distinct_elements, check_outputs, check_problem, check_row_stride, check_tensor,
-    features, mask, softmax_scale, tensor_at, tensor_bytes, too_large, AttentionParams, OutputBuffers, Placed, Problem,
+    features, mask, softmax_scale, tensor_at, tensor_bytes, too_large, AttentionParams, OutputBuffers, Placed,
     MAX_SEQLEN,
 };
-use crate::call::{Append, CacheLengths, Call, LseLayout, Pages, Sequences};
+use crate::call::{Append, CacheLengths, Call, LseLayout, Pages, Problem, Sequences};
 use crate::error::{Error, Result};
 use crate::kvcache::{check_block_table_shape, check_cache_seqlens};
 

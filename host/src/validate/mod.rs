@@ -7,10 +7,9 @@ use cust::memory::DeviceSlice;
 
 use flash_attn_abi::kernels::Dtype;
 
-use crate::call::{Alibi, Call, LseLayout, Mask, Outputs, Sequences, TensorAt};
+use crate::call::{Alibi, Call, LseLayout, Mask, Outputs, Problem, Sequences, TensorAt, MAX_SPLITS};
 use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
-use crate::plan::MAX_SPLITS;
 
 mod kvcache;
 mod varlen;
@@ -130,19 +129,6 @@ pub struct AttentionParams<'a> {
     /// [`num_splits_heuristic`](crate::num_splits_heuristic) choose;
     /// `Some(1)` never splits. At most [`MAX_SPLITS`](crate::MAX_SPLITS).
     pub num_splits: Option<usize>,
-}
-
-/// The sizes of a validated problem. For variable-length batches the
-/// sequence lengths are the longest ones; for a KV cache `seqlen_k` is the
-/// longest cached sequence (appended keys included).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Problem {
-    pub batch: usize,
-    pub seqlen_q: usize,
-    pub seqlen_k: usize,
-    pub heads_q: usize,
-    pub heads_kv: usize,
-    pub head_dim: usize,
 }
 
 /// The head dims that have kernels: every multiple of 32 from 32 to 256.
