@@ -34,15 +34,12 @@
 //! closures) only after simplifying it; which values cross a function
 //! boundary, and in what form, decides how the inlined code is folded.
 //! Other forms were measured to change the PTX, some with spills at d=128
-//! (each module's doc lists them), where the kernels' speed at 255
+//! (docs/tuning.md, ideas not adopted), where the kernels' speed at 255
 //! registers depends on it. The scheduler, the tile function and the
 //! epilogue function do not change it. The pipeline's waits and barriers
 //! at the top of a step and before its P V, and its prologue, stay in the
 //! key step and here, spelled out: as `KvPipeline` methods they changed the
-//! PTX (`top_of_step` or `before_pv`: 44 kernels beyond register numbers
-//! and labels; `prologue`: 8; even the stage selection alone: 6, d=160-256
-//! full), with ptxas registers unchanged, and as `#[inline]` methods they
-//! spilled.
+//! PTX of many kernels, and as `#[inline]` methods they spilled.
 
 use crate::arch;
 use crate::epilogue::{self, TileRows};

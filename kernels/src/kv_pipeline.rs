@@ -5,10 +5,10 @@
 //! ([`crate::mainloop`]); the contract below covers them too.
 //!
 //! Contract: at step `s` of the key loop (key block `n = n_end - 1 - s`),
-//! after the top-of-step wait and barrier K[n] has landed in
+//! after the top-of-step wait and barrier `K[n]` has landed in
 //! [`KvPipeline::k_tile`]`(stage)` for every thread of the stage set (the
 //! block, or the warp when the warps split the keys), and after the wait
-//! before P V V[n] has landed in [`KvPipeline::v_tile`]`(stage)`; no copy
+//! before P V `V[n]` has landed in [`KvPipeline::v_tile`]`(stage)`; no copy
 //! writes a stage while a thread of its set may still read it. Every group
 //! committed counts in the waits: Q is group 0, each K or V block one
 //! group, and deeper pipelines commit two empty groups per block past the

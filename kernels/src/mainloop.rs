@@ -1,4 +1,4 @@
-//! The key loop's step ([`key_step!`](crate::mainloop::key_step)): Q K^T,
+//! The key loop's step (`key_step!`): Q K^T,
 //! score modifiers (general kernels), the mask where the block needs one,
 //! the online softmax, P V, over the stage the K/V pipeline
 //! ([`crate::kv_pipeline`]) hands it.
@@ -14,9 +14,8 @@
 //! Why a macro, expanded in `forward_tile`, and not a function: the key
 //! step as a function (`#[inline(always)]`, its masking a `const MASKED:
 //! bool`, softmax state and O by `&mut`, the pipeline and the rest by
-//! reference) changed the PTX of 64 of the 68 kernels and spilled 8 B at
-//! d=128 full on sm_80 (ptxas registers also rose at d=96 full and d=192
-//! and 256 full on sm_80); earlier attempts found the same (see
+//! reference) changed the PTX of nearly every kernel, raised ptxas's
+//! registers and spilled at d=128 (docs/tuning.md, ideas not adopted;
 //! [`crate::forward`]). rustc's MIR inliner does not inline a function this
 //! size, so LLVM's always-inliner inlines it before it simplifies, where the
 //! same code written in the kernel body is simplified with it. The macro's
