@@ -9,7 +9,6 @@ use flash_attn_abi::kernels::AttentionKernel;
 
 use crate::call::Call;
 use crate::call::Problem;
-use crate::context::ContextRef;
 use crate::error::Result;
 use crate::kvcache::KvCache;
 use crate::launch::launch;
@@ -211,7 +210,7 @@ impl FlashAttention {
 
     /// The context the kernels live in (for the `cust` door's outputs).
     #[cfg(feature = "cust")]
-    pub(crate) fn context(&self) -> &ContextRef {
+    pub(crate) fn context(&self) -> &crate::context::ContextRef {
         self.module.context()
     }
 }

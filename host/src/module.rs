@@ -121,7 +121,8 @@ impl KernelModule {
             })?;
             loaded.attention.push(LoadedKernel { function, blocks_per_sm: blocks_per_sm.max(0) as usize });
         }
-        loaded.combine = [loaded.get_function(combine_kernel(Dtype::F16))?, loaded.get_function(combine_kernel(Dtype::Bf16))?];
+        loaded.combine =
+            [loaded.get_function(combine_kernel(Dtype::F16))?, loaded.get_function(combine_kernel(Dtype::Bf16))?];
         loaded.append = loaded.get_function(APPEND_KERNEL)?;
         Ok(loaded)
     }

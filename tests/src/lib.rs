@@ -5,11 +5,11 @@
 //! tests, the cross-check and the `emulate` example.
 
 use flash_attn::cust::context::Context;
+use flash_attn::cust::memory::DeviceCopy;
 use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::reference::{self, ReferenceOutput, ReferenceProblem};
-use flash_attn::cust::memory::DeviceCopy;
 use flash_attn::half1::{bf16, f16};
+use flash_attn::reference::{self, ReferenceOutput, ReferenceProblem};
 use flash_attn::{AttentionParams, Element, FlashAttention, Tensor, TensorMut};
 use rand::Rng;
 
@@ -164,7 +164,7 @@ fn offset([b, s, h, d]: [usize; 4], strides: [usize; 4]) -> usize {
     b * strides[0] + s * strides[1] + h * strides[2] + d * strides[3]
 }
 
-fn span(shape: [usize; 4], strides: [usize; 4]) -> usize {
+pub fn span(shape: [usize; 4], strides: [usize; 4]) -> usize {
     offset(shape.map(|n| n - 1), strides) + 1
 }
 

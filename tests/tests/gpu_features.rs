@@ -7,10 +7,10 @@
 
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
 use flash_attn::half1::{bf16, f16};
-use flash_attn::{DeviceView, 
-    AttentionParams, BlockTable, CacheSeqlens, Element, FlashAttention, KvCache, SeqOffsets, Tensor,
+use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
+use flash_attn::{
+    AttentionParams, BlockTable, CacheSeqlens, DeviceView, Element, FlashAttention, KvCache, SeqOffsets, Tensor,
     TensorMut, Workspace,
 };
 use flash_attn_tests::{

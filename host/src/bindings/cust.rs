@@ -140,7 +140,6 @@ impl FlashAttention {
     /// # Ok(()) }
     /// ```
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_varlen<T: Element + DeviceCopy>(
         &self,
         q: Tensor<'_, T>,
