@@ -14,13 +14,14 @@ use flash_attn::{
 use flash_attn_tests::{check, gpu, launch, random_inputs, Case, HostTensor, Placement};
 use rand::{Rng, SeedableRng};
 
-/// The GQA, ragged, strided call the doors are compared on.
+/// The GQA, ragged, strided call the doors are compared on (small enough
+/// for every sanitizer: 155k scores).
 const CASE: Case = Case {
-    batch: 2,
-    seqlen_q: 300,
-    seqlen_k: 517,
-    heads_q: 8,
-    heads_kv: 2,
+    batch: 1,
+    seqlen_q: 150,
+    seqlen_k: 257,
+    heads_q: 4,
+    heads_kv: 1,
     head_dim: 128,
     causal: true,
     softmax_scale: None,
@@ -179,7 +180,7 @@ fn call_on(attention: &FlashAttention, stream: &Arc<CudaStream>, qkv: &[CudaSlic
 fn one_instance_serves_threads_on_their_own_streams() {
     let test = "one_instance_serves_threads_on_their_own_streams";
     let Some((context, attention)) = cudarc_gpu(test) else { return };
-    let shape = [2, 777, 4, 64];
+    let shape = [1, 333, 2, 64];
     let n: usize = shape.iter().product();
     let mut rng = rand::rngs::StdRng::from_entropy();
     let threads = 4;
@@ -199,7 +200,7 @@ fn one_instance_serves_threads_on_their_own_streams() {
             scope.spawn(move || {
                 let stream = context.new_stream().expect("stream");
                 let qkv = [0, 1, 2].map(|_| stream.clone_htod(values).expect("upload"));
-                for call in 0..20 {
+                for call in 0..8 {
                     let got = call_on(&attention, &stream, &qkv, shape);
                     assert!(got == *expected, "thread {t}, call {call}: result differs from the one-thread call");
                 }
@@ -216,7 +217,7 @@ fn decode_step_replays_from_a_cuda_graph() {
     // program that captures orders its memory on the one stream instead.
     unsafe { context.disable_event_tracking() };
     let stream = context.new_stream().expect("stream");
-    let (batch, capacity, heads_q, heads_kv, d) = (3, 4096, 16, 4, 128);
+    let (batch, capacity, heads_q, heads_kv, d) = (3, 1024, 8, 2, 128);
     let mut rng = rand::rngs::StdRng::from_entropy();
     let mut random = |n: usize| -> Vec<f16> { (0..n).map(|_| f16::from_f32(rng.gen_range(-1.0..1.0))).collect() };
     let cache_shape = [batch, capacity, heads_kv, d];
@@ -225,11 +226,12 @@ fn decode_step_replays_from_a_cuda_graph() {
         (stream.clone_htod(&random(cache_len)).unwrap(), stream.clone_htod(&random(cache_len)).unwrap());
     let q_shape = [batch, 1, heads_q, d];
     let mut q = stream.clone_htod(&random(batch * heads_q * d)).unwrap();
-    let cache_seqlens = CacheSeqlens::new(&[4000, 1234, 77]).unwrap();
+    let cache_seqlens = CacheSeqlens::new(&[1000, 517, 77]).unwrap();
     let mut o = poisoned(&stream, batch * heads_q * d);
     let mut lse = stream.alloc_zeros::<f32>(batch * heads_q).unwrap();
     let mut workspace = Workspace::new();
-    let params = AttentionParams { causal: true, ..Default::default() };
+    // Split-KV: the step needs scratch, from the workspace.
+    let params = AttentionParams { causal: true, num_splits: Some(4), ..Default::default() };
     let step = |o: &mut CudaSlice<f16>, lse: &mut CudaSlice<f32>, q: &CudaSlice<f16>, workspace: &mut Workspace| {
         let cache =
             KvCache::new(Tensor::new(&k_cache, cache_shape), Tensor::new(&v_cache, cache_shape), &cache_seqlens);
@@ -249,9 +251,11 @@ fn decode_step_replays_from_a_cuda_graph() {
     // Eager, which also grows the workspace to what the step needs.
     step(&mut o, &mut lse, &q, &mut workspace);
     let eager = (bits(&stream, &o), lse_bits(&stream, &lse));
-    assert!(workspace.capacity() > 0, "the decode step should split the keys (scratch in the workspace)");
+    assert!(workspace.capacity() > 0, "a split decode step takes scratch from the workspace");
 
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).expect("begin capture");
+    // Thread-local: the other tests of this executable go on in their
+    // threads (a global capture would refuse their synchronous calls).
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
     step(&mut o, &mut lse, &q, &mut workspace);
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).expect("end capture").expect("a graph");
 
