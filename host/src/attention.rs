@@ -36,6 +36,17 @@ pub struct FlashAttention {
     module: KernelModule,
 }
 
+// One instance serves every thread (above); a change that made it
+// otherwise fails to build here, not in a user's program.
+const _: () = {
+    const fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<FlashAttention>();
+    shared_across_threads::<Workspace>();
+    shared_across_threads::<SeqOffsets>();
+    shared_across_threads::<crate::CacheSeqlens>();
+    shared_across_threads::<crate::BlockTable>();
+};
+
 impl FlashAttention {
     /// Loads the kernels into the current context and reads the GPU's SM
     /// count and the kernels' occupancy (for the split-KV heuristic). Fails
