@@ -163,10 +163,10 @@ impl FlashAttention {
     /// Scratch comes from `workspace`, grown on demand: in a decode loop,
     /// pass the same one every step and only the first step allocates.
     /// Once it has grown, a call allocates nothing and never synchronizes,
-    /// so a decode step can be captured into a CUDA graph and replayed
-    /// (with an appending cache, the new lengths are copied from host
-    /// memory at capture: capture a cache that does not append, or replay
-    /// only with the same lengths).
+    /// so a decode step can be captured into a CUDA graph and replayed. An
+    /// appending cache uploads its new lengths from host memory, which
+    /// stream capture may refuse (the driver's error is returned): capture
+    /// steps over a cache that does not append.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_kvcache_into<'a, T: Element, S: LaunchStream + ?Sized>(
         &self,
