@@ -227,6 +227,40 @@ fn reading_an_accumulator_before_the_wait_that_covers_it_is_reported() {
 }
 
 #[test]
+fn overwriting_a_wgmma_operand_before_the_wait_that_covers_it_is_reported() {
+    let result = run(block(128, 17 * 1024), &[], |tid| {
+        let (a, b) = ones_in_shared(tid, true);
+        let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
+        arch::wgmma_fence();
+        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_commit_group();
+        if tid == 0 {
+            // B's first row, which the wgmma may still be reading.
+            unsafe { arch::st_shared_u32(base() + 8192, 0) };
+        }
+        arch::wgmma_wait_group::<0>();
+    });
+    expect_fault(
+        result,
+        FaultKind::WgmmaInFlight,
+        &["st.shared.b32", "operand of the wgmma.mma_async of warpgroup 0", "no wgmma.wait_group"],
+    );
+    // After the wait, the same store is fine.
+    let waited = run(block(128, 17 * 1024), &[], |tid| {
+        let (a, b) = ones_in_shared(tid, true);
+        let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
+        arch::wgmma_fence();
+        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_commit_group();
+        arch::wgmma_wait_group::<0>();
+        if tid == 0 {
+            unsafe { arch::st_shared_u32(base() + 8192, 0) };
+        }
+    });
+    assert!(waited.is_ok(), "{:?}", waited.err());
+}
+
+#[test]
 fn wgmma_without_a_fence_after_a_register_access_is_reported() {
     let no_fence = run(block(128, 17 * 1024), &[], |tid| {
         let (a, b) = ones_in_shared(tid, true);

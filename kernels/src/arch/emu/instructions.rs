@@ -719,7 +719,11 @@ pub fn wgmma_commit_group() {
 /// wgmma groups are pending. The emulator computes each wgmma when it is
 /// issued; the wait marks the accumulators of the covered groups readable.
 pub fn wgmma_wait_group<const N: u32>() {
-    context::with(|t| t.wgmma.borrow_mut().wait(N as usize))
+    context::with(|t| {
+        let mut groups = t.wgmma.borrow_mut();
+        groups.wait(N as usize);
+        t.block.smem.wgmma_completed(t.tid, groups.completed());
+    })
 }
 
 /// The f32 accumulator fragment of one thread for `wgmma.m64nNk16` with
@@ -805,11 +809,11 @@ struct Operands {
     b: Vec<[u16; 16]>,
 }
 
-/// Reads the `rows` x 16 operand `desc` describes (rows along M or N).
+/// Reads the `rows` x 16 operand `desc` describes (rows along M or N) for
+/// wgmma `number` of the thread's warpgroup.
 fn read_operand(
     t: &Thread<'_>,
-    instruction: &'static str,
-    site: Site,
+    (instruction, site, number): (&'static str, Site, u64),
     desc: u64,
     major: wgmma::Major,
     rows: u32,
@@ -836,7 +840,7 @@ fn read_operand(
                 )
             })?;
             let req = Request { who, instruction, site, addr, len: 16 };
-            let bytes = t.block.smem.read_async(&req)?;
+            let bytes = t.block.smem.read_async(&req, (t.tid / 128, number))?;
             for e in 0..8u32 {
                 let value = u16::from_le_bytes([bytes[2 * e as usize], bytes[2 * e as usize + 1]]);
                 match major {
@@ -909,7 +913,7 @@ fn wgmma_mma<const R: usize>(
             uniform(2..4, "the B descriptor")?;
             uniform(4..5, "scale-d")?;
             let a = match a_desc {
-                Some(desc) => read_operand(t, instruction, site, desc, wgmma::Major::K, 64)?,
+                Some(desc) => read_operand(t, (instruction, site, number), desc, wgmma::Major::K, 64)?,
                 None => {
                     // The m16n8k16 A layout per warp, rows 16 * warp up.
                     let mut a = vec![[0u16; 16]; 64];
@@ -925,7 +929,7 @@ fn wgmma_mma<const R: usize>(
                 }
             };
             let major = if trans_b == 1 { wgmma::Major::Mn } else { wgmma::Major::K };
-            let b = read_operand(t, instruction, site, b_desc, major, n)?;
+            let b = read_operand(t, (instruction, site, number), b_desc, major, n)?;
             Ok(Operands { a, b })
         };
         let operands =

@@ -153,6 +153,11 @@ struct Word {
     /// once the writer's count has moved past it). `None` for an
     /// async-proxy write (a TMA load), which the async proxy sees.
     generic_fence: Option<u32>,
+    /// The newest wgmma reading the word as an operand: its warpgroup,
+    /// number (see `wgmma::WgmmaGroups`) and site. It reads until a
+    /// `wgmma.wait_group` of the warpgroup covers it; a write before then
+    /// may change what it reads.
+    wgmma_reader: Option<(u32, u64, Site)>,
 }
 
 struct Inner {
@@ -164,6 +169,11 @@ struct Inner {
     warp_epochs: Vec<u32>,
     /// `fence.proxy.async.shared::cta`s executed, per thread.
     proxy_fences: Vec<u32>,
+    /// Per thread, the newest wgmma of its warpgroup its own
+    /// `wgmma.wait_group`s have covered.
+    wgmma_waited: Vec<u64>,
+    /// Per warpgroup, the newest wgmma any of its threads has waited for.
+    wgmma_done: Vec<u64>,
 }
 
 pub(crate) struct SharedMemory {
@@ -209,7 +219,8 @@ fn describe_access(a: &Access) -> String {
 
 impl SharedMemory {
     pub fn new(size: u32, warps: u32, check_bank_conflicts: bool) -> Self {
-        let word = Word { write: None, readers: Readers::None, in_flight: None, generic_fence: None };
+        let word =
+            Word { write: None, readers: Readers::None, in_flight: None, generic_fence: None, wgmma_reader: None };
         Self {
             size,
             check_bank_conflicts,
@@ -219,6 +230,8 @@ impl SharedMemory {
                 block_epoch: 0,
                 warp_epochs: vec![0; warps as usize],
                 proxy_fences: vec![0; 32 * warps as usize],
+                wgmma_waited: vec![0; 32 * warps as usize],
+                wgmma_done: vec![0; warps.div_ceil(4) as usize],
             }),
         }
     }
@@ -253,12 +266,15 @@ impl SharedMemory {
         self.words(req, align).map(drop)
     }
 
-    /// 16 bytes at `req.addr` read by the async proxy (a wgmma operand):
-    /// as [`Self::read`], and every word's generic-proxy writer must have
-    /// executed `fence.proxy.async` since writing it.
-    pub fn read_async(&self, req: &Request) -> Result<Vec<u8>, Fault> {
+    /// 16 bytes at `req.addr` read by the async proxy for wgmma `number`
+    /// of warpgroup `group`: as [`Self::read`], and every word's
+    /// generic-proxy writer must have executed `fence.proxy.async` since
+    /// writing it. The words stay read until the warpgroup's
+    /// `wgmma.wait_group` covers the wgmma ([`Self::wgmma_completed`]).
+    pub fn read_async(&self, req: &Request, (group, number): (u32, u64)) -> Result<Vec<u8>, Fault> {
         let mut inner = self.lock();
         for w in self.words(req, 16)? {
+            inner.words[w].wgmma_reader = Some((group, number, req.site));
             let word = inner.words[w];
             if let (Some(write), Some(fence)) = (word.write, word.generic_fence) {
                 if inner.proxy_fences[write.who.thread as usize] == fence {
@@ -275,6 +291,19 @@ impl SharedMemory {
             }
         }
         self.read_locked(&mut inner, req)
+    }
+
+    /// A `wgmma.wait_group` of `thread` has covered its warpgroup's
+    /// wgmmas up to number `through`. A wgmma is one operation of the
+    /// warpgroup: a thread of the warpgroup may overwrite its operands once
+    /// its own wait covered it; a thread of another warpgroup once any
+    /// thread's has (it is ordered after that wait by a barrier, which the
+    /// race check sees, coarsely).
+    pub fn wgmma_completed(&self, thread: u32, through: u64) {
+        let mut inner = self.lock();
+        inner.wgmma_waited[thread as usize] = through;
+        let done = &mut inner.wgmma_done[(thread / 128) as usize];
+        *done = (*done).max(through);
     }
 
     /// `fence.proxy.async.shared::cta` by `thread`.
@@ -379,7 +408,9 @@ impl SharedMemory {
             let access = inner.access(&req);
             let first = ((copy.dst - BASE) / 4) as usize;
             for word in &mut inner.words[first..first + 4] {
-                *word = Word { write: Some(access), readers: Readers::None, in_flight: None, generic_fence };
+                let wgmma_reader = word.wgmma_reader;
+                *word =
+                    Word { write: Some(access), readers: Readers::None, in_flight: None, generic_fence, wgmma_reader };
             }
             let start = (copy.dst - BASE) as usize;
             inner.bytes[start..start + 16].copy_from_slice(&copy.data);
@@ -394,6 +425,24 @@ impl SharedMemory {
             if let Some(flight) = word.in_flight {
                 let (kind, what) = flight.describe(word_addr(w));
                 return Err(req.fault(kind, format!("{what}, which would land over this write")));
+            }
+            if let Some((group, number, site)) = word.wgmma_reader {
+                let done = if req.who.thread / 128 == group {
+                    inner.wgmma_waited[req.who.thread as usize]
+                } else {
+                    inner.wgmma_done[group as usize]
+                };
+                if number > done {
+                    return Err(req.fault(
+                        FaultKind::WgmmaInFlight,
+                        format!(
+                            "word {:#x} is an operand of the wgmma.mma_async of warpgroup {group} at {site}, which \
+                             may still read it: no wgmma.wait_group has covered it (of this thread, for a thread of \
+                             that warpgroup; of any of its threads, for another)",
+                            word_addr(w)
+                        ),
+                    ));
+                }
             }
             let race = |other: &Access, what: &str| {
                 Err(req.fault(

@@ -114,6 +114,11 @@ impl WgmmaGroups {
         }
     }
 
+    /// Every wgmma numbered up to this has completed.
+    pub fn completed(&self) -> u64 {
+        self.completed
+    }
+
     /// Whether wgmma `number` has completed; if not, why.
     pub fn in_flight(&self, number: u64) -> Option<String> {
         if number <= self.completed {
