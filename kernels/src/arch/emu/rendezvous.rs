@@ -616,8 +616,15 @@ impl Rendezvous {
                     st.waits[tid as usize] = None;
                     return Ok(());
                 }
-                let others: u32 =
-                    st.warpgroups.iter().enumerate().filter(|&(i, _)| i != g).map(|(_, w)| 128 * w.registers).sum();
+                // The last warpgroup may be partial: its whole warps hold registers.
+                let threads_of = |i: usize| (self.threads.div_ceil(32) * 32 - 128 * i as u32).min(128);
+                let others: u32 = st
+                    .warpgroups
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != g)
+                    .map(|(i, w)| threads_of(i) * w.registers)
+                    .sum();
                 if !inc || others + 128 * count <= self.register_pool {
                     st.warpgroups[g].registers = count;
                     st.waits[tid as usize] = None;
