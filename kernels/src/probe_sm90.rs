@@ -6,16 +6,18 @@
 //! tests compare the emulator's with a plain model.
 //!
 //! - warpgroup 0, the producer: `setmaxnreg.dec` to [`PRODUCER_REGS`];
-//!   thread 0 initialises the mbarriers, issues three TMA loads (A, B and V
-//!   below, 128-byte swizzle; B's box runs past the tensor's rows and V's
-//!   starts 8 rows before it, so both are partly zero-filled) behind one
+//!   thread 0 initialises the mbarriers, issues four TMA loads (A, B and the
+//!   two 64-column halves of V below, 128-byte swizzle; B's box runs past
+//!   the tensor's rows and V's start 8 rows before it, so both are partly
+//!   zero-filled) behind one
 //!   `arrive.expect_tx`, runs an mbarrier phase sequence, and arrives at
-//!   named barrier 2; after the loads land the warpgroup copies the A and V
-//!   tiles out as they lie in shared memory (the swizzle);
+//!   named barrier 2; after the loads land the warpgroup copies the A tile
+//!   and V's first half out as they lie in shared memory (the swizzle);
 //! - warpgroups 1 and 2, the consumers: `setmaxnreg.inc` to
 //!   [`CONSUMER_REGS`], wait for the loads, then
 //!   - warpgroup 1: `D1 = A B^T` (SS, N = 256, B K-major) over K = 64;
-//!   - warpgroup 2: `D2 = A2 V` (SS, N = 64, V MN-major: `imm-trans-b` 1)
+//!   - warpgroup 2: `D2 = A2 V` (SS, N = 128, V MN-major: `imm-trans-b` 1,
+//!     its halves a leading byte offset apart)
 //!     with A2 a copy of A the warpgroup stores itself (`st.shared` in the
 //!     128-byte swizzle, then `fence.proxy.async`), and `D3 = A B[0..128]^T`
 //!     (RS: A from registers, N = 128);
@@ -37,22 +39,24 @@ pub const PRODUCER_REGS: u32 = 24;
 pub const CONSUMER_REGS: u32 = 240;
 
 /// A: 64 x 64 (rows M, K contiguous); B: [`B_ROWS`] x 64 (rows N, K
-/// contiguous), loaded as a 256-row box; V: 64 x 64 (rows K, N contiguous),
-/// loaded from row [`V_FIRST_ROW`].
+/// contiguous), loaded as a 256-row box; V: 64 x [`V_COLS`] (rows K, N
+/// contiguous), loaded as two 64 x 64 boxes from row [`V_FIRST_ROW`].
 pub const A_ROWS: u32 = 64;
 pub const B_ROWS: u32 = 200;
 pub const B_BOX_ROWS: u32 = 256;
 pub const V_ROWS: u32 = 64;
+pub const V_COLS: u32 = 128;
 pub const V_FIRST_ROW: i32 = -8;
-/// K of every product, and the columns of every matrix.
+/// K of every product, and the columns of A and B.
 pub const K: u32 = 64;
 
 /// Shared-memory offsets from the 1024-byte aligned base.
 mod smem {
     pub const A: u32 = 0;
     pub const B: u32 = A + 64 * 128;
+    /// V's two 64-column halves, 8 KiB apart.
     pub const V: u32 = B + 256 * 128;
-    pub const A2: u32 = V + 64 * 128;
+    pub const A2: u32 = V + 2 * 64 * 128;
     pub const FULL: u32 = A2 + 64 * 128;
     pub const PHASES: u32 = FULL + 8;
     pub const FLAG: u32 = FULL + 16;
@@ -68,11 +72,12 @@ pub const SMEM_BYTES: u32 = smem::END + 1024;
 pub mod output {
     /// D1: 128 registers per thread of warpgroup 1.
     pub const D1: usize = 0;
-    /// D2: 32 registers per thread of warpgroup 2.
+    /// D2: 64 registers per thread of warpgroup 2.
     pub const D2: usize = D1 + 128 * 128;
     /// D3: 64 registers per thread of warpgroup 2.
-    pub const D3: usize = D2 + 128 * 32;
-    /// The A and V tiles as they lie in shared memory (2048 words each).
+    pub const D3: usize = D2 + 128 * 64;
+    /// The A tile and V's first half as they lie in shared memory (2048
+    /// words each).
     pub const A_TILE: usize = D3 + 128 * 64;
     pub const V_TILE: usize = A_TILE + 2048;
     /// The mbarrier phase sequence: [`super::PHASE_STEPS`] answers of `try_wait.parity`.
@@ -139,10 +144,11 @@ pub unsafe fn probe_sm90(maps: *const TensorMap, input: *const u32, output: *mut
     if group == 0 {
         arch::setmaxnreg_dec::<PRODUCER_REGS>();
         if t == 0 {
-            arch::mbarrier_arrive_expect_tx(full, (A_ROWS + B_BOX_ROWS + V_ROWS) * 128);
+            arch::mbarrier_arrive_expect_tx(full, (A_ROWS + B_BOX_ROWS + 2 * V_ROWS) * 128);
             arch::tma_load_2d(base + smem::A, maps, [0, 0], full);
             arch::tma_load_2d(base + smem::B, maps.add(1), [0, 0], full);
             arch::tma_load_2d(base + smem::V, maps.add(2), [0, V_FIRST_ROW], full);
+            arch::tma_load_2d(base + smem::V + 64 * 128, maps.add(2), [64, V_FIRST_ROW], full);
             // Phase 0 in progress: parity 1 (the "previous" phase) counts as
             // completed, parity 0 not yet.
             let answers = [
@@ -216,13 +222,14 @@ pub unsafe fn probe_sm90(maps: *const TensorMap, input: *const u32, output: *mut
         arch::fence_proxy_async_shared();
         arch::named_barrier_sync(3, 128);
         arch::mbarrier_wait_parity(full, 0);
-        let mut d2 = WgmmaAccumulator::<32>::new([0.0; 32]);
+        let mut d2 = WgmmaAccumulator::<64>::new([0.0; 64]);
         let mut d3 = WgmmaAccumulator::<64>::new([0.0; 64]);
         arch::wgmma_fence();
         for k_step in 0..K / 16 {
             let a2 = descriptor(base + smem::A2 + 32 * k_step, 16);
-            // V MN-major: 16 keys per step, 8-key groups 1024 bytes apart.
-            let v = descriptor(base + smem::V + 2048 * k_step, 8192);
+            // V MN-major: 16 keys per step, 8-key groups 1024 bytes apart
+            // (SBO), the 64-column halves 8 KiB apart (LBO).
+            let v = descriptor(base + smem::V + 2048 * k_step, 64 * 128);
             let b = descriptor(base + smem::B + 32 * k_step, 16);
             // This thread's A fragment of the step (m16n8k16 A layout over
             // rows 16 * warp up).
@@ -230,17 +237,17 @@ pub unsafe fn probe_sm90(maps: *const TensorMap, input: *const u32, output: *mut
             let at = |r: u32, c: u32| *input.add(((r * K + c) / 2) as usize);
             let a = [at(row, col), at(row + 8, col), at(row, col + 8), at(row + 8, col + 8)];
             if bf16 != 0 {
-                arch::wgmma_ss_bf16::<32, 1>(&mut d2, a2, v, k_step > 0);
+                arch::wgmma_ss_bf16::<64, 1>(&mut d2, a2, v, k_step > 0);
                 arch::wgmma_rs_bf16::<64, 0>(&mut d3, &a, b, k_step > 0);
             } else {
-                arch::wgmma_ss_f16::<32, 1>(&mut d2, a2, v, k_step > 0);
+                arch::wgmma_ss_f16::<64, 1>(&mut d2, a2, v, k_step > 0);
                 arch::wgmma_rs_f16::<64, 0>(&mut d3, &a, b, k_step > 0);
             }
         }
         arch::wgmma_commit_group();
         arch::wgmma_wait_group::<0>();
         for (i, d) in d2.get().iter().enumerate() {
-            put(output::D2 + 32 * t as usize + i, d.to_bits());
+            put(output::D2 + 64 * t as usize + i, d.to_bits());
         }
         for (i, d) in d3.get().iter().enumerate() {
             put(output::D3 + 64 * t as usize + i, d.to_bits());
@@ -261,7 +268,7 @@ pub unsafe fn probe_sm90(maps: *const TensorMap, input: *const u32, output: *mut
 pub mod host {
     use flash_attn_abi::sm90::{L2Promotion, OobFill, TensorDataType, TensorMapParams, TmaSwizzle};
 
-    use super::{output, A_ROWS, B_BOX_ROWS, B_ROWS, K, SMEM_BYTES, THREADS, V_ROWS};
+    use super::{output, A_ROWS, B_BOX_ROWS, B_ROWS, K, SMEM_BYTES, THREADS, V_COLS, V_ROWS};
     use crate::emu::{launch, Error, GlobalRegion, LaunchConfig};
 
     /// Eight 16-bit elements, 16-byte aligned (TMA's global alignment).
@@ -269,7 +276,7 @@ pub mod host {
     #[repr(C, align(16))]
     pub struct Chunk(pub [u16; 8]);
 
-    /// A (`A_ROWS` x `K`), B (`B_ROWS` x `K`) and V (`V_ROWS` x `K`),
+    /// A (`A_ROWS` x `K`), B (`B_ROWS` x `K`) and V (`V_ROWS` x `V_COLS`),
     /// row-major 16-bit values of f16 or bf16 (`bf16`).
     pub struct Inputs {
         pub a: Vec<Chunk>,
@@ -278,14 +285,14 @@ pub mod host {
         pub bf16: bool,
     }
 
-    fn chunks(values: &[u16], rows: u32) -> Vec<Chunk> {
-        assert_eq!(values.len(), (rows * K) as usize, "a {rows} x {K} matrix");
+    fn chunks(values: &[u16], rows: u32, cols: u32) -> Vec<Chunk> {
+        assert_eq!(values.len(), (rows * cols) as usize, "a {rows} x {cols} matrix");
         values.chunks(8).map(|c| Chunk(c.try_into().expect("rows of whole chunks"))).collect()
     }
 
     impl Inputs {
         pub fn new(a: &[u16], b: &[u16], v: &[u16], bf16: bool) -> Self {
-            Self { a: chunks(a, A_ROWS), b: chunks(b, B_ROWS), v: chunks(v, V_ROWS), bf16 }
+            Self { a: chunks(a, A_ROWS, K), b: chunks(b, B_ROWS, K), v: chunks(v, V_ROWS, V_COLS), bf16 }
         }
 
         /// The kernel's `input`: A, two elements per word.
@@ -294,26 +301,26 @@ pub mod host {
         }
 
         /// The tensor maps of A, B and V at `addresses` (global addresses of
-        /// the three matrices): 128B swizzle, zero fill; B's box runs past
-        /// its rows.
+        /// the three matrices): boxes of 64 columns (128 bytes: the 128B
+        /// swizzle's span), zero fill; B's box runs past its rows.
         pub fn map_params(&self, addresses: [u64; 3]) -> [TensorMapParams; 3] {
             let data_type = if self.bf16 { TensorDataType::Bf16 } else { TensorDataType::F16 };
-            let map = |address: u64, rows: u32, box_rows: u32| TensorMapParams {
+            let map = |address: u64, rows: u32, cols: u32, box_rows: u32| TensorMapParams {
                 data_type,
                 rank: 2,
                 global_address: address,
-                global_dims: [u64::from(K), u64::from(rows), 1, 1, 1],
-                global_strides: [2 * u64::from(K), 0, 0, 0],
-                box_dims: [K, box_rows, 1, 1, 1],
+                global_dims: [u64::from(cols), u64::from(rows), 1, 1, 1],
+                global_strides: [2 * u64::from(cols), 0, 0, 0],
+                box_dims: [64, box_rows, 1, 1, 1],
                 element_strides: [1; 5],
                 swizzle: TmaSwizzle::B128,
                 l2_promotion: L2Promotion::B128,
                 oob_fill: OobFill::Zero,
             };
             [
-                map(addresses[0], A_ROWS, A_ROWS),
-                map(addresses[1], B_ROWS, B_BOX_ROWS),
-                map(addresses[2], V_ROWS, V_ROWS),
+                map(addresses[0], A_ROWS, K, A_ROWS),
+                map(addresses[1], B_ROWS, K, B_BOX_ROWS),
+                map(addresses[2], V_ROWS, V_COLS, V_ROWS),
             ]
         }
 

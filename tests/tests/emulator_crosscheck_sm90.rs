@@ -119,8 +119,8 @@ fn run_probe_gpu(module: &Module, stream: &Stream, inputs: &Inputs) -> Vec<u32> 
 /// Random 16-bit values of the type: `exact` draws multiples of 1/8 in
 /// [-1, 1], whose 64-term dot products every order of summation gets
 /// exactly; otherwise uniform in [-2, 2].
-fn random_matrix(rng: &mut impl Rng, rows: u32, bf16_values: bool, exact: bool) -> Vec<u16> {
-    (0..rows * probe_sm90::K)
+fn random_matrix(rng: &mut impl Rng, (rows, cols): (u32, u32), bf16_values: bool, exact: bool) -> Vec<u16> {
+    (0..rows * cols)
         .map(|_| {
             let x: f32 = if exact { rng.gen_range(-8i32..=8) as f32 / 8.0 } else { rng.gen_range(-2.0..2.0) };
             if bf16_values {
@@ -155,18 +155,19 @@ fn sm90_primitives_match_the_gpu() {
     let (mut worst, mut identical, mut total) = (0f64, 0usize, 0usize);
     for round in 0..rounds {
         let (bf16_values, exact) = (round % 2 == 1, round < 4);
-        let [a, b, v] = [probe_sm90::A_ROWS, probe_sm90::B_ROWS, probe_sm90::V_ROWS]
-            .map(|rows| random_matrix(&mut rng, rows, bf16_values, exact));
+        let k = probe_sm90::K;
+        let [a, b, v] = [(probe_sm90::A_ROWS, k), (probe_sm90::B_ROWS, k), (probe_sm90::V_ROWS, probe_sm90::V_COLS)]
+            .map(|shape| random_matrix(&mut rng, shape, bf16_values, exact));
         let inputs = Inputs::new(&a, &b, &v, bf16_values);
         let gpu_out = run_probe_gpu(&module, &stream, &inputs);
         let emu_out = inputs.run_emulated().expect("emulated sm_90a probe");
         for w in exact_words() {
             assert_eq!(gpu_out[w], emu_out[w], "round {round}: word {w} (see probe_sm90::output)");
         }
-        // The products: D1 (128 registers per thread), D2 (32), D3 (64).
+        // The products: D1 (128 registers per thread), D2 (64), D3 (64).
         let value = |x: u16| if bf16_values { bf16::from_bits(x).to_f64() } else { f16::from_bits(x).to_f64() };
         let k = probe_sm90::K as usize;
-        for (at, regs) in [(output::D1, 128), (output::D2, 32), (output::D3, 64)] {
+        for (at, regs) in [(output::D1, 128), (output::D2, 64), (output::D3, 64)] {
             for t in 0..128 {
                 for i in 0..regs {
                     let (g, e) = (gpu_out[at + regs * t + i], emu_out[at + regs * t + i]);
@@ -192,7 +193,7 @@ fn sm90_primitives_match_the_gpu() {
                                     if r < 0 {
                                         0.0
                                     } else {
-                                        value(v[r as usize * k + col])
+                                        value(v[r as usize * probe_sm90::V_COLS as usize + col])
                                     }
                                 }
                                 _ if col < probe_sm90::B_ROWS as usize => value(b[col * k + kk]),

@@ -675,10 +675,14 @@ struct ProbeInputs {
 impl ProbeInputs {
     fn new(bf16: bool, value: impl Fn(usize, usize) -> f64) -> Self {
         let ty = if bf16 { Type::Bf16 } else { Type::F16 };
-        let k = probe_sm90::K as usize;
-        let matrix =
-            |rows: u32, salt| -> Vec<u16> { (0..rows as usize * k).map(|i| bits(ty, value(i, salt))).collect() };
-        let (a, b, v) = (matrix(probe_sm90::A_ROWS, 1), matrix(probe_sm90::B_ROWS, 2), matrix(probe_sm90::V_ROWS, 3));
+        let matrix = |rows: u32, cols: u32, salt| -> Vec<u16> {
+            (0..(rows * cols) as usize).map(|i| bits(ty, value(i, salt))).collect()
+        };
+        let (a, b, v) = (
+            matrix(probe_sm90::A_ROWS, probe_sm90::K, 1),
+            matrix(probe_sm90::B_ROWS, probe_sm90::K, 2),
+            matrix(probe_sm90::V_ROWS, probe_sm90::V_COLS, 3),
+        );
         let values = |m: &[u16]| -> Vec<f64> {
             m.iter().map(|&x| if bf16 { bf16::from_bits(x).to_f64() } else { f16::from_bits(x).to_f64() }).collect()
         };
@@ -706,7 +710,7 @@ fn the_sm90_probe_computes_what_the_plain_models_say() {
             if row < 0 {
                 0.0
             } else {
-                inputs.v[row as usize * k + j]
+                inputs.v[row as usize * probe_sm90::V_COLS as usize + j]
             }
         };
         let check = |at: usize, regs: usize, what: &str, expected: &dyn Fn(usize, usize) -> f64| {
@@ -719,27 +723,28 @@ fn the_sm90_probe_computes_what_the_plain_models_say() {
             }
         };
         check(output::D1, 128, "D1 = A B^T", &|m, j| (0..k).map(|kk| a(m, kk) * b(j, kk)).sum());
-        check(output::D2, 32, "D2 = A V", &|m, j| (0..k).map(|kk| a(m, kk) * v(kk, j)).sum());
+        check(output::D2, 64, "D2 = A V", &|m, j| (0..k).map(|kk| a(m, kk) * v(kk, j)).sum());
         check(output::D3, 64, "D3 = A B[..128]^T", &|m, j| (0..k).map(|kk| a(m, kk) * b(j, kk)).sum());
-        // The tiles as they lie in shared memory: the 128B swizzle.
-        let word = |tile: &Vec<probe_sm90::host::Chunk>, first_row: i64, w: usize| {
+        // The tiles as they lie in shared memory: the 128B swizzle of the
+        // first 64 columns of rows `first_row` on.
+        let word = |tile: &Vec<probe_sm90::host::Chunk>, cols: usize, first_row: i64, w: usize| {
             let image_bits = |byte: usize| {
                 let (row, col) = (byte / 128, byte % 128);
                 let source = row as i64 + first_row;
                 if source < 0 {
                     0
                 } else {
-                    tile[source as usize * 8 + col / 16].0[col % 16 / 2]
+                    tile[source as usize * cols / 8 + col / 16].0[col % 16 / 2]
                 }
             };
             let logical = swizzled_offset(4 * w, TmaSwizzle::B128);
             u32::from(image_bits(logical)) | (u32::from(image_bits(logical + 2)) << 16)
         };
         for w in 0..2048 {
-            assert_eq!(out[output::A_TILE + w], word(&inputs.host.a, 0, w), "A tile word {w}");
+            assert_eq!(out[output::A_TILE + w], word(&inputs.host.a, k, 0, w), "A tile word {w}");
             assert_eq!(
                 out[output::V_TILE + w],
-                word(&inputs.host.v, i64::from(probe_sm90::V_FIRST_ROW), w),
+                word(&inputs.host.v, probe_sm90::V_COLS as usize, i64::from(probe_sm90::V_FIRST_ROW), w),
                 "V tile word {w}"
             );
         }
