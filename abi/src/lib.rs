@@ -7,6 +7,9 @@
 //!   pipeline stages, and the shared memory that follows from them.
 //! - [`kernels`]: the table of kernels (names, variants, configs) that the
 //!   device crate exports and the host loads, and their launch geometry.
+//! - [`sm90`]: what the sm_90a primitives read from memory: the TMA tensor
+//!   map (our encoding of `cuTensorMapEncodeTiled`'s parameters) and the
+//!   wgmma shared-memory matrix descriptor.
 //!
 //! `no_std`, no dependencies: it builds for `nvptx64-nvidia-cuda` as for the host.
 #![no_std]
@@ -14,3 +17,4 @@
 pub mod config;
 pub mod kernels;
 pub mod params;
+pub mod sm90;

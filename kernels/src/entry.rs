@@ -5,7 +5,8 @@
 //! variant, tile config, scheduler); besides them
 //! `flash_combine_{f16|bf16}` and `kv_cache_append` (feature `attention`,
 //! the module users embed); with feature `test-kernels` instead, the
-//! test-only `probe_primitives` and `mma_ceiling`. On the host (the
+//! test-only `probe_primitives` and `mma_ceiling`; with
+//! `test-kernels-sm90a`, `probe_sm90`. On the host (the
 //! emulator) each attention kernel is a plain function, listed with its
 //! table row in [`KERNELS`].
 
@@ -132,6 +133,20 @@ kernel! {
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn probe_primitives(input: *const u32, output: *mut u32) {
     crate::probe::probe_primitives(input, output)
+}
+
+/// The sm_90a primitive probe ([`crate::probe_sm90`]) as a kernel: the GPU
+/// side of the sm_90a emulator cross-check. In the sm_90a test module only
+/// (feature `test-kernels-sm90a`, built for sm_90a).
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels-sm90a"))]
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn probe_sm90(
+    maps: *const crate::arch::TensorMap,
+    input: *const u32,
+    output: *mut u32,
+    bf16: u32,
+) {
+    crate::probe_sm90::probe_sm90(maps, input, output, bf16)
 }
 
 /// The mma.sync ceiling ([`crate::ceiling`]) as a kernel, for the benchmark.

@@ -12,6 +12,7 @@
 //! the block scheduler; [`forward`] the kernel body; [`entry`] the exported
 //! kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
+//! [`probe_sm90`] the same for the sm_90a primitives (three warpgroups);
 //! [`ceiling`] register-only MMAs, the benchmark's ceiling.
 //!
 //! On the host the same code compiles against an emulation of every
@@ -44,6 +45,7 @@ pub mod layout;
 pub mod mainloop;
 pub mod mma;
 pub mod probe;
+pub mod probe_sm90;
 pub mod problem;
 pub mod schedule;
 pub mod softmax;

@@ -21,6 +21,11 @@ pub mod emulator;
 /// Users' builds embed only the attention kernels (`flash_attn::PTX`).
 pub const TEST_PTX: &str = include_str!("../test-kernels.ptx");
 
+/// The PTX of the sm_90a primitive probe (`probe_sm90`), built for sm_90a
+/// with the kernels crate's feature `test-kernels-sm90a`: it loads on
+/// compute capability 9.0 only (H100, H200).
+pub const TEST_PTX_SM90A: &str = include_str!("../test-kernels-sm90a.ptx");
+
 /// An element type under test: conversions and the error budget.
 pub trait TestElement: Element + DeviceCopy + Copy + Default {
     /// Largest relative L2 error of O allowed against the f64 reference.
@@ -72,7 +77,7 @@ pub const LSE_TOLERANCE: f64 = 2e-3;
 
 /// Says on the terminal, past the test harness's output capture, that a
 /// test did not run and why.
-fn skipped(test: &str, why: &str) {
+pub fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }

@@ -13,7 +13,7 @@ const PTX_TARGET: &str = "nvptx64-nvidia-cuda";
 /// compiles it for the GPU at load).
 const PTX_ARCH: &str = "sm_80";
 /// Architectures ptxas checks the PTX for.
-const PTXAS_ARCHES: [&str; 2] = ["sm_80", "sm_90"];
+const PTXAS_ARCHES: &[&str] = &["sm_80", "sm_90"];
 /// Committed PTX that `host` embeds: the attention kernels (the kernels
 /// crate's default feature `attention`).
 const COMMITTED_PTX: &str = "host/kernels.ptx";
@@ -21,22 +21,53 @@ const COMMITTED_PTX: &str = "host/kernels.ptx";
 /// emulator cross-check's probe, the benchmark's ceiling), which the tests
 /// crate embeds and users' builds do not.
 const COMMITTED_TEST_PTX: &str = "tests/test-kernels.ptx";
+/// Committed PTX of the sm_90a primitive probe (feature
+/// `test-kernels-sm90a`), built for sm_90a: wgmma, TMA and `setmaxnreg`
+/// exist only there (the `a` features are not forward compatible, so this
+/// module loads on compute capability 9.0 only).
+const COMMITTED_TEST_SM90A_PTX: &str = "tests/test-kernels-sm90a.ptx";
 
 /// A PTX module built from `kernels/`: the cargo features it is built with,
-/// its own target folder (so that the two builds do not overwrite each
-/// other's output), and where it is committed.
+/// its target architecture and the ones ptxas checks it for, its own target
+/// folder (so that the builds do not overwrite each other's output), where
+/// it is committed, and the launch bounds its entries declare.
 struct PtxModule {
     features: &'static [&'static str],
+    arch: &'static str,
+    ptxas_arches: &'static [&'static str],
     target_dir: &'static str,
     committed: &'static str,
+    /// `(kernel, threads)`: `.maxntid threads, 1, 1` on the kernel's entry.
+    /// Rust has no way to declare launch bounds, and ptxas needs them for
+    /// `setmaxnreg` (they fix the registers allocated at launch, the pool
+    /// `setmaxnreg` moves between warpgroups: 64K / threads).
+    maxntid: &'static [(&'static str, u32)],
 }
 
-const PTX_MODULES: [PtxModule; 2] = [
-    PtxModule { features: &[], target_dir: "target/ptx", committed: COMMITTED_PTX },
+const PTX_MODULES: [PtxModule; 3] = [
+    PtxModule {
+        features: &[],
+        arch: PTX_ARCH,
+        ptxas_arches: PTXAS_ARCHES,
+        target_dir: "target/ptx",
+        committed: COMMITTED_PTX,
+        maxntid: &[],
+    },
     PtxModule {
         features: &["--no-default-features", "--features", "test-kernels"],
+        arch: PTX_ARCH,
+        ptxas_arches: PTXAS_ARCHES,
         target_dir: "target/ptx-test-kernels",
         committed: COMMITTED_TEST_PTX,
+        maxntid: &[],
+    },
+    PtxModule {
+        features: &["--no-default-features", "--features", "test-kernels-sm90a"],
+        arch: "sm_90a",
+        ptxas_arches: &["sm_90a"],
+        target_dir: "target/ptx-test-kernels-sm90a",
+        committed: COMMITTED_TEST_SM90A_PTX,
+        maxntid: &[("probe_sm90", 384)],
     },
 ];
 
@@ -87,8 +118,10 @@ fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
     // The LLVM unroll threshold is raised so that every loop over fragments
     // unrolls: a loop left rolled indexes the accumulator arrays at run time
     // and sends them to local memory (ptxas then reports a stack frame).
-    let rustflags =
-        format!("target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={PTX_ARCH}\",\"-Cllvm-args=-unroll-threshold=1000\"]");
+    let rustflags = format!(
+        "target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={}\",\"-Cllvm-args=-unroll-threshold=1000\"]",
+        module.arch
+    );
     run(Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root.join("kernels"))
         .args(["build", "--profile", "ptx", "--target", PTX_TARGET, "-Zbuild-std=core", "--config", &rustflags])
@@ -96,7 +129,17 @@ fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
         .arg("--target-dir")
         .arg(&target_dir))?;
     let ptx_path = target_dir.join(PTX_TARGET).join("ptx/flash_attn_kernels.ptx");
-    fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))
+    let ptx = fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))?;
+    module.maxntid.iter().try_fold(ptx, |ptx, &(kernel, threads)| with_maxntid(&ptx, kernel, threads))
+}
+
+/// `ptx` with `.maxntid threads, 1, 1` between `kernel`'s parameter list
+/// and its body (where the PTX ISA puts performance-tuning directives).
+fn with_maxntid(ptx: &str, kernel: &str, threads: u32) -> Result<String> {
+    let entry = format!(".entry {kernel}(");
+    let start = ptx.find(&entry).ok_or_else(|| format!("kernel {kernel} not found in the PTX"))?;
+    let body = ptx[start..].find("\n{").ok_or_else(|| format!("kernel {kernel} has no body"))? + start;
+    Ok(format!("{}\n.maxntid {threads}, 1, 1{}", &ptx[..body], &ptx[body..]))
 }
 
 fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
@@ -118,7 +161,7 @@ fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
             println!("xtask: wrote {name} ({} bytes)", ptx.len());
         }
         check_divergence(&ptx)?;
-        check_resources(&root, &committed_path, module.target_dir, require_ptxas)?;
+        check_resources(&root, &committed_path, module, require_ptxas)?;
     }
     Ok(())
 }
@@ -223,7 +266,7 @@ fn parse_ptxas_report(report: &str) -> Vec<Resources> {
     functions
 }
 
-fn check_resources(root: &Path, ptx: &Path, target_dir: &str, require_ptxas: bool) -> Result<()> {
+fn check_resources(root: &Path, ptx: &Path, module: &PtxModule, require_ptxas: bool) -> Result<()> {
     let Some(ptxas) = find_ptxas(root) else {
         if require_ptxas {
             return Err("ptxas not found (set PTXAS or run scripts/setup.sh)".into());
@@ -232,8 +275,8 @@ fn check_resources(root: &Path, ptx: &Path, target_dir: &str, require_ptxas: boo
         return Ok(());
     };
     let mut failures = Vec::new();
-    for arch in PTXAS_ARCHES {
-        let out_file = root.join(target_dir).join(format!("kernels.{arch}.cubin"));
+    for &arch in module.ptxas_arches {
+        let out_file = root.join(module.target_dir).join(format!("kernels.{arch}.cubin"));
         let output = Command::new(&ptxas)
             .args(["-v", &format!("-arch={arch}"), "-o"])
             .arg(&out_file)
@@ -384,6 +427,16 @@ ptxas info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack s
         assert_eq!(callee.name, "_RNCINvNtCs9OWQ2JdyL9p_closure");
         let d128 = &functions[2];
         assert_eq!((d128.registers, d128.stack_frame, d128.spill_stores, d128.spill_loads), (255, 16, 8, 4));
+    }
+
+    #[test]
+    fn puts_launch_bounds_between_a_kernels_parameters_and_its_body() {
+        let ptx = ".visible .entry other(\n\t.param .u64 a\n)\n{\n\tret;\n}\n\
+                   .visible .entry probe_sm90(\n\t.param .u64 a\n)\n{\n\tret;\n}\n";
+        let bounded = with_maxntid(ptx, "probe_sm90", 384).unwrap();
+        assert!(bounded.contains("probe_sm90(\n\t.param .u64 a\n)\n.maxntid 384, 1, 1\n{"), "{bounded}");
+        assert_eq!(bounded.matches(".maxntid").count(), 1);
+        assert!(with_maxntid(ptx, "missing", 384).is_err());
     }
 
     #[test]

@@ -404,3 +404,403 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     };
     r
 }
+
+// ---------------------------------------------------------------------------
+// sm_90a: mbarriers, named barriers, the async proxy, setmaxnreg, TMA and
+// wgmma, for the warp-specialized Hopper kernels (issue 29). Each is
+// documented with its PTX ISA semantics; `arch::emu` models them.
+// ---------------------------------------------------------------------------
+
+pub use flash_attn_abi::sm90::TensorMap;
+
+/// `mbarrier.init.shared::cta.b64 [addr], count`: a barrier object at
+/// `addr` in phase 0 that completes a phase after `count` arrivals (and
+/// once its transaction count is back at zero).
+///
+/// # Safety
+/// `addr` is an 8-byte aligned shared address of the block that no thread
+/// uses as anything else while the barrier lives.
+#[inline(always)]
+pub unsafe fn mbarrier_init(addr: u32, count: u32) {
+    asm!("mbarrier.init.shared::cta.b64 [{a}], {c};", a = in(reg32) addr, c = in(reg32) count, options(nostack));
+}
+
+/// `fence.mbarrier_init.release.cluster`: makes this thread's
+/// `mbarrier.init`s visible to the other threads and to the async proxy
+/// (TMA's `complete_tx`) before they use the barriers.
+#[inline(always)]
+pub fn fence_mbarrier_init() {
+    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
+}
+
+/// `mbarrier.arrive.release.cta.shared::cta.b64`: one arrival (release) on
+/// the barrier at `addr`.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive(addr: u32) {
+    asm!("mbarrier.arrive.release.cta.shared::cta.b64 _, [{a}];", a = in(reg32) addr, options(nostack));
+}
+
+/// `mbarrier.arrive.expect_tx.release.cta.shared::cta.b64`: raises the
+/// current phase's transaction count by `bytes` (expect-tx), then arrives:
+/// the producer's announcement of the TMA bytes that will complete it.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx(addr: u32, bytes: u32) {
+    asm!(
+        "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [{a}], {b};",
+        a = in(reg32) addr,
+        b = in(reg32) bytes,
+        options(nostack)
+    );
+}
+
+/// `mbarrier.expect_tx.relaxed.cta.shared::cta.b64`: raises the current
+/// phase's transaction count by `bytes` without arriving.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_expect_tx(addr: u32, bytes: u32) {
+    asm!(
+        "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [{a}], {b};",
+        a = in(reg32) addr,
+        b = in(reg32) bytes,
+        options(nostack)
+    );
+}
+
+/// `mbarrier.complete_tx.relaxed.cta.shared::cta.b64`: lowers the current
+/// phase's transaction count by `bytes`, as a TMA copy does when its bytes
+/// land (the phase completes when arrivals and transactions are all in).
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_complete_tx(addr: u32, bytes: u32) {
+    asm!(
+        "mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [{a}], {b};",
+        a = in(reg32) addr,
+        b = in(reg32) bytes,
+        options(nostack)
+    );
+}
+
+/// `mbarrier.try_wait.parity.acquire.cta.shared::cta.b64`: whether the
+/// phase of parity `parity` has completed, i.e. the barrier's current phase
+/// has the other parity (so in phase 0, parity 1 counts as the completed
+/// "previous" phase). Waits a while (a hardware time limit) before
+/// answering false; on true, acquires what the arrivals released.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_try_wait_parity(addr: u32, parity: u32) -> bool {
+    let done: u32;
+    asm!(
+        "{{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [{a}], {ph}; selp.u32 {d}, 1, 0, p; }}",
+        a = in(reg32) addr,
+        ph = in(reg32) parity,
+        d = out(reg32) done,
+        options(nostack)
+    );
+    done != 0
+}
+
+/// Waits until the phase of parity `parity` of the barrier at `addr` has
+/// completed: [`mbarrier_try_wait_parity`] until it answers true.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_wait_parity(addr: u32, parity: u32) {
+    while !mbarrier_try_wait_parity(addr, parity) {}
+}
+
+extern "C" {
+    #[link_name = "llvm.nvvm.barrier.cta.sync.aligned.count"]
+    fn barrier_cta_sync_aligned_count(barrier: u32, threads: u32);
+    #[link_name = "llvm.nvvm.barrier.cta.arrive.aligned.count"]
+    fn barrier_cta_arrive_aligned_count(barrier: u32, threads: u32);
+}
+
+/// `barrier.sync.aligned id, threads` (`bar.sync id, threads`): waits on
+/// named barrier `id` (1..16; 0 is [`sync_threads`]'s) until `threads`
+/// threads (a multiple of 32, whole warps) have arrived at it; orders
+/// their shared-memory accesses. The consumer warpgroups' ping-pong
+/// schedule. An LLVM intrinsic, convergent, for the reason the block
+/// barrier is one.
+#[inline(always)]
+pub fn named_barrier_sync(id: u32, threads: u32) {
+    unsafe { barrier_cta_sync_aligned_count(id, threads) };
+}
+
+/// `barrier.arrive.aligned id, threads` (`bar.arrive id, threads`): arrives
+/// at named barrier `id` of `threads` threads without waiting (the
+/// signalling side of a producer/consumer pair on a named barrier).
+#[inline(always)]
+pub fn named_barrier_arrive(id: u32, threads: u32) {
+    unsafe { barrier_cta_arrive_aligned_count(id, threads) };
+}
+
+/// `fence.proxy.async.shared::cta`: orders this thread's generic-proxy
+/// shared-memory accesses (`st.shared`, `cp.async`) before later
+/// async-proxy accesses of the same memory (wgmma's shared operands, a TMA
+/// store's source). Without it the async proxy may see stale bytes.
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
+}
+
+/// `setmaxnreg.inc.sync.aligned.u32 N`: raises the registers per thread of
+/// the executing warpgroup to `N` (24..=256, a multiple of 8), waiting
+/// until the CTA's pool has them (the consumers take what the producer
+/// gave back). All 128 threads of the warpgroup execute it.
+#[inline(always)]
+pub fn setmaxnreg_inc<const N: u32>() {
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 N`: lowers the registers per thread of
+/// the executing warpgroup to `N`, returning the rest to the CTA's pool.
+#[inline(always)]
+pub fn setmaxnreg_dec<const N: u32>() {
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+}
+
+macro_rules! tma_load {
+    ($(#[$doc:meta])* $name:ident, $rank:literal, $($c:ident),*) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `map` is the generic address of a valid tensor map in global (or
+        /// constant) memory, 64-byte aligned; the box fits at `dst` (128-byte
+        /// aligned; aligned to the swizzle's repeat, 1024 bytes for 128B);
+        /// `bar` holds an initialised mbarrier of this block.
+        #[inline(always)]
+        pub unsafe fn $name(dst: u32, map: *const TensorMap, coords: [i32; $rank], bar: u32) {
+            let [$($c),*] = coords;
+            asm!(
+                concat!(
+                    "cp.async.bulk.tensor.", $rank, "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes ",
+                    "[{d}], [{m}, {{", tma_load!(@list $($c),*), "}}], [{b}];"
+                ),
+                d = in(reg32) dst,
+                m = in(reg64) map,
+                $($c = in(reg32) $c,)*
+                b = in(reg32) bar,
+                options(nostack)
+            );
+        }
+    };
+    (@list $first:ident $(, $rest:ident)*) => {
+        concat!("{", stringify!($first), "}" $(, ", {", stringify!($rest), "}")*)
+    };
+}
+
+tma_load!(
+    /// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`:
+    /// copies the box of the tensor map at `map` whose first element is at
+    /// `coords` (innermost first) into shared memory at `dst`, as the map's
+    /// swizzle lays it out, out-of-bounds elements zero-filled; when its
+    /// bytes have landed it performs complete-tx of the box's bytes on the
+    /// mbarrier at `bar`. Issued by one thread.
+    tma_load_2d,
+    2,
+    c0,
+    c1
+);
+tma_load!(
+    /// As [`tma_load_2d`], for a 3-dimensional tensor map.
+    tma_load_3d,
+    3,
+    c0,
+    c1,
+    c2
+);
+tma_load!(
+    /// As [`tma_load_2d`], for a 4-dimensional tensor map.
+    tma_load_4d,
+    4,
+    c0,
+    c1,
+    c2,
+    c3
+);
+tma_load!(
+    /// As [`tma_load_2d`], for a 5-dimensional tensor map.
+    tma_load_5d,
+    5,
+    c0,
+    c1,
+    c2,
+    c3,
+    c4
+);
+
+/// `wgmma.fence.sync.aligned`: orders this warpgroup's earlier register
+/// accesses (accumulators, register A operands) before the
+/// `wgmma.mma_async`s that follow. Required before the first wgmma and
+/// between a register access and a wgmma that uses those registers.
+#[inline(always)]
+pub fn wgmma_fence() {
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
+}
+
+/// `wgmma.commit_group.sync.aligned`: closes the group of this
+/// warpgroup's `wgmma.mma_async`s issued since the last commit.
+#[inline(always)]
+pub fn wgmma_commit_group() {
+    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
+}
+
+/// `wgmma.wait_group.sync.aligned N`: waits until at most `N` of this
+/// warpgroup's committed wgmma groups are pending; the accumulators of
+/// the others may then be read.
+#[inline(always)]
+pub fn wgmma_wait_group<const N: u32>() {
+    unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) };
+}
+
+/// The f32 accumulator fragment of one thread for `wgmma.m64nNk16` with
+/// `N = 2 * R`: element `i` is D's row `16 * warp + lane / 4 + 8 * (i / 2
+/// % 2)`, column `8 * (i / 4) + 2 * (lane % 4) + i % 2` (the ISA's wgmma D
+/// fragment figure; warp and lane within the warpgroup). Its registers are
+/// reached through [`Self::get`] and [`Self::get_mut`], which the emulator
+/// checks against the wgmma groups in flight; on the GPU they are plain
+/// registers.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct WgmmaAccumulator<const R: usize>([f32; R]);
+
+impl<const R: usize> WgmmaAccumulator<R> {
+    #[inline(always)]
+    pub fn new(values: [f32; R]) -> Self {
+        Self(values)
+    }
+
+    /// The registers, once the wgmma that wrote them has been waited for.
+    #[inline(always)]
+    pub fn get(&self) -> &[f32; R] {
+        &self.0
+    }
+
+    /// The registers, for writing (a register access: a `wgmma_fence` must
+    /// follow before the next wgmma on them).
+    #[inline(always)]
+    pub fn get_mut(&mut self) -> &mut [f32; R] {
+        &mut self.0
+    }
+}
+
+macro_rules! wgmma_n {
+    ($acc:ident, $ss:literal, $n:literal, $ty:literal, [$($i:literal)*], $($operands:tt)*) => {
+        asm!(
+            concat!(
+                "{{ .reg .pred p; setp.ne.u32 p, {scale_d}, 0; wgmma.mma_async.sync.aligned.m64n", $n,
+                "k16.f32.", $ty, ".", $ty, " {{{0}", $(", {", $i, "}",)* "}}, ", $ss, " }}"
+            ),
+            inout(reg32) $acc[0], $(inout(reg32) $acc[$i],)*
+            $($operands)*
+        )
+    };
+}
+
+macro_rules! wgmma {
+    ($(#[$doc:meta])* $ss:ident, $rs:ident, $ty:literal) => {
+        $(#[$doc])*
+        ///
+        /// SS: A and B from shared memory, given by matrix descriptors
+        /// (`a_desc`, `b_desc`: [`flash_attn_abi::sm90::MatrixDescriptor`]);
+        /// A is K-major, B K-major when `TRANS_B` is 0 and MN-major when 1.
+        /// `D = A * B + D`, or `D = A * B` when `scale_d` is false. `R` is
+        /// `N / 2`: 32, 64 or 128 (N = 64, 128, 256).
+        #[inline(always)]
+        pub fn $ss<const R: usize, const TRANS_B: u32>(
+            acc: &mut WgmmaAccumulator<R>,
+            a_desc: u64,
+            b_desc: u64,
+            scale_d: bool,
+        ) {
+            let (regs, scale_d) = (&mut acc.0, scale_d as u32);
+            // SAFETY: the instruction only reads and writes registers. The
+            // arm R selects indexes `acc` within its length R; the others
+            // are never taken.
+            unsafe {
+                match R {
+                    32 => {
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+                            a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
+                            tb = const TRANS_B, options(nostack));
+                    }
+                    64 => {
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "128", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63],
+                            a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
+                            tb = const TRANS_B, options(nostack));
+                    }
+                    128 => {
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "256", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127],
+                            a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
+                            tb = const TRANS_B, options(nostack));
+                    }
+                    _ => trap(),
+                }
+            }
+        }
+
+        /// As the SS form, with A from registers (RS): `a` is this thread's
+        /// A fragment, the m16n8k16 A layout over the warp's 16 rows
+        /// (`16 * warp` up) of the 64.
+        #[inline(always)]
+        pub fn $rs<const R: usize, const TRANS_B: u32>(
+            acc: &mut WgmmaAccumulator<R>,
+            a: &[u32; 4],
+            b_desc: u64,
+            scale_d: bool,
+        ) {
+            let (regs, scale_d) = (&mut acc.0, scale_d as u32);
+            // SAFETY: as in the SS form.
+            unsafe {
+                match R {
+                    32 => {
+                        wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+                            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                            b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
+                    }
+                    64 => {
+                        wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "128", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63],
+                            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                            b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
+                    }
+                    128 => {
+                        wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "256", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127],
+                            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                            b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
+                    }
+                    _ => trap(),
+                }
+            }
+        }
+    };
+}
+
+wgmma!(
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16`: the warpgroup's
+    /// 64xN f32 accumulator plus a 64x16 A times a 16xN B, asynchronously:
+    /// issue behind a [`wgmma_fence`], close with [`wgmma_commit_group`],
+    /// and read `acc` only after a [`wgmma_wait_group`] that covers it.
+    wgmma_ss_f16,
+    wgmma_rs_f16,
+    "f16"
+);
+wgmma!(
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`: as
+    /// [`wgmma_ss_f16`], for bf16 operands.
+    wgmma_ss_bf16,
+    wgmma_rs_bf16,
+    "bf16"
+);

@@ -5,7 +5,9 @@
 //! (`tests/tests/emulator_attention.rs`).
 
 mod faults;
+mod faults_sm90;
 mod primitives;
+mod sm90;
 
 use std::sync::Mutex;
 

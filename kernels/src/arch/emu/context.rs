@@ -8,6 +8,7 @@ use corosensei::Yielder;
 use super::error::Fault;
 use super::launch::Block;
 use super::smem::AsyncCopies;
+use super::wgmma::WgmmaGroups;
 
 /// One emulated GPU thread, run as a coroutine by its block's scheduler.
 pub(crate) struct Thread<'a> {
@@ -17,6 +18,8 @@ pub(crate) struct Thread<'a> {
     yielder: Cell<*const Yielder<(), ()>>,
     /// This thread's `cp.async` copies that have not landed.
     pub copies: RefCell<AsyncCopies>,
+    /// This thread's view of its warpgroup's wgmma groups and fences.
+    pub wgmma: RefCell<WgmmaGroups>,
 }
 
 thread_local! {
@@ -26,7 +29,7 @@ thread_local! {
 
 impl<'a> Thread<'a> {
     pub fn new(tid: u32, block: &'a Block<'a>) -> Self {
-        Self { tid, block, yielder: Cell::new(std::ptr::null()), copies: RefCell::default() }
+        Self { tid, block, yielder: Cell::new(std::ptr::null()), copies: RefCell::default(), wgmma: RefCell::default() }
     }
 
     /// Runs `f` (a resumption of this thread's coroutine) as the current thread.
@@ -63,7 +66,7 @@ impl<'a> Thread<'a> {
     /// thread but the newest `pending`.
     pub fn wait(&self, pending: usize) {
         let landing = self.copies.borrow_mut().take_all_but(pending);
-        self.block.smem.land(self.tid, landing);
+        self.block.smem.land(self.tid, landing, false);
     }
 }
 

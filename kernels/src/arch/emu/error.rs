@@ -25,6 +25,26 @@ pub enum FaultKind {
     /// Shared memory read or overwritten while a `cp.async` into it is in
     /// flight: no `cp.async.wait_group` of the issuing thread covered it yet.
     CpAsyncInFlight,
+    /// Shared memory read or overwritten while a TMA load
+    /// (`cp.async.bulk.tensor`) into it is in flight: the mbarrier phase
+    /// its bytes complete has not completed.
+    TmaInFlight,
+    /// The async proxy (a wgmma shared operand) reads a word that a thread
+    /// wrote through the generic proxy (`st.shared`, `cp.async`) without a
+    /// `fence.proxy.async.shared::cta` after the write.
+    MissingProxyFence,
+    /// A wgmma accumulator read or written while a `wgmma.mma_async` that
+    /// writes it is in flight: no `wgmma.wait_group` has covered its group.
+    WgmmaInFlight,
+    /// A `wgmma.mma_async` with no `wgmma.fence` between it and the
+    /// thread's last access of its accumulator registers (or before the
+    /// warpgroup's first wgmma).
+    MissingWgmmaFence,
+    /// `setmaxnreg` outside the PTX ISA's rules: a count not in 24..=256 or
+    /// not a multiple of 8, an `.inc` below or a `.dec` above the current
+    /// count, warpgroups asking for different counts, or an `.inc` that
+    /// the CTA's register pool (the launch's allocation) can never grant.
+    RegisterBudget,
     /// Two threads access the same shared word, at least one of them
     /// writing, with no barrier between them.
     SharedRace,

@@ -3,15 +3,20 @@
 //! (see [`super::launch`]). Instructions that touch memory or the warp note
 //! their caller's source location (`#[track_caller]`) for fault messages.
 
+use std::cell::Cell;
 use std::panic::Location;
+
+use flash_attn_abi::sm90::{MatrixDescriptor, TensorMapError, TensorMapParams};
 
 use super::collective;
 use super::context::{self, Thread};
 use super::error::{Fault, FaultKind};
 use super::float::{self, HalfType};
 use super::global::Access;
-use super::rendezvous::{Collective, LaneIn, LaneOut};
+use super::rendezvous::{Collective, LaneIn, LaneOut, MbarrierUpdate, NamedArrival};
 use super::smem::{self, Accessor, PendingCopy, Request};
+use super::tma;
+use super::wgmma::{self, AccumulatorState};
 
 type Site = &'static Location<'static>;
 
@@ -105,7 +110,7 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
             unsafe { std::ptr::copy_nonoverlapping(src, data.as_mut_ptr(), src_bytes as usize) };
         }
         let req = Request { who: lane(t), instruction: INSTRUCTION, site, addr: dst, len: 16 };
-        t.ok(t.block.smem.start_copy(&req));
+        t.ok(t.block.smem.start_copy(&req, false));
         t.copies.borrow_mut().issue(PendingCopy { dst, data, site });
     })
 }
@@ -398,3 +403,586 @@ fn warp_collective(
 ) -> LaneOut {
     t.ok(t.block.sync.collective(t.tid, op, site, input, compute, || t.suspend()))
 }
+
+// ---------------------------------------------------------------------------
+// sm_90a: mbarriers, named barriers, the async proxy, setmaxnreg, TMA and
+// wgmma (see `arch/ptx.rs` for each instruction's PTX ISA semantics).
+// ---------------------------------------------------------------------------
+
+pub use flash_attn_abi::sm90::TensorMap;
+
+/// Checks that `addr` can hold an mbarrier (8 bytes, 8-byte aligned, in
+/// the block's shared memory).
+fn check_mbarrier(t: &Thread<'_>, instruction: &'static str, addr: u32, site: Site) {
+    let req = Request { who: lane(t), instruction, site, addr, len: 8 };
+    t.ok(t.block.smem.check_bounds(&req, 8));
+}
+
+/// Lands the TMA copies of a completed mbarrier phase, which also orders
+/// (for the race check) what the arrivals did before it against what the
+/// waiting threads do after.
+fn land_phase<'t>(t: &'t Thread<'_>) -> impl FnOnce(Vec<(u32, PendingCopy)>) + 't {
+    move |landing| {
+        for (thread, copy) in landing {
+            t.block.smem.land(thread, vec![copy], true);
+        }
+        t.block.smem.block_barrier();
+    }
+}
+
+/// `mbarrier.init.shared::cta.b64 [addr], count`: a barrier object at
+/// `addr` in phase 0 that completes a phase after `count` arrivals (and
+/// once its transaction count is back at zero).
+///
+/// # Safety
+/// `addr` is an 8-byte aligned shared address of the block that no thread
+/// uses as anything else while the barrier lives.
+#[track_caller]
+pub unsafe fn mbarrier_init(addr: u32, count: u32) {
+    let site = Location::caller();
+    context::with(|t| {
+        check_mbarrier(t, "mbarrier.init.shared::cta.b64", addr, site);
+        t.ok(t.block.sync.mbarrier_init(t.tid, addr, count, site));
+    })
+}
+
+/// `fence.mbarrier_init.release.cluster`. In the emulator an
+/// `mbarrier.init` is visible to every thread at once, so this does nothing.
+pub fn fence_mbarrier_init() {}
+
+fn mbarrier_update(instruction: &'static str, addr: u32, update: MbarrierUpdate, site: Site) {
+    context::with(|t| {
+        check_mbarrier(t, instruction, addr, site);
+        t.ok(t.block.sync.mbarrier_update(t.tid, addr, (instruction, site), update, land_phase(t)));
+    })
+}
+
+/// `mbarrier.arrive.release.cta.shared::cta.b64`: one arrival (release) on
+/// the barrier at `addr`.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[track_caller]
+pub unsafe fn mbarrier_arrive(addr: u32) {
+    let update = MbarrierUpdate { arrive: true, ..Default::default() };
+    mbarrier_update("mbarrier.arrive.release.cta.shared::cta.b64", addr, update, Location::caller());
+}
+
+/// `mbarrier.arrive.expect_tx.release.cta.shared::cta.b64`: raises the
+/// current phase's transaction count by `bytes` (expect-tx), then arrives.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[track_caller]
+pub unsafe fn mbarrier_arrive_expect_tx(addr: u32, bytes: u32) {
+    let update = MbarrierUpdate { expect_tx: bytes, arrive: true, ..Default::default() };
+    mbarrier_update("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64", addr, update, Location::caller());
+}
+
+/// `mbarrier.expect_tx.relaxed.cta.shared::cta.b64`: raises the current
+/// phase's transaction count by `bytes` without arriving.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[track_caller]
+pub unsafe fn mbarrier_expect_tx(addr: u32, bytes: u32) {
+    let update = MbarrierUpdate { expect_tx: bytes, ..Default::default() };
+    mbarrier_update("mbarrier.expect_tx.relaxed.cta.shared::cta.b64", addr, update, Location::caller());
+}
+
+/// `mbarrier.complete_tx.relaxed.cta.shared::cta.b64`: lowers the current
+/// phase's transaction count by `bytes`, as a TMA copy does when its bytes
+/// land.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[track_caller]
+pub unsafe fn mbarrier_complete_tx(addr: u32, bytes: u32) {
+    let update = MbarrierUpdate { complete_tx: bytes, ..Default::default() };
+    mbarrier_update("mbarrier.complete_tx.relaxed.cta.shared::cta.b64", addr, update, Location::caller());
+}
+
+/// `mbarrier.try_wait.parity.acquire.cta.shared::cta.b64`: whether the
+/// phase of parity `parity` has completed (the current phase has the other
+/// parity). Answering false, the thread first waits a round of the
+/// scheduler, as the hardware waits a while.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[track_caller]
+pub unsafe fn mbarrier_try_wait_parity(addr: u32, parity: u32) -> bool {
+    let site = Location::caller();
+    context::with(|t| {
+        check_mbarrier(t, "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64", addr, site);
+        t.ok(t.block.sync.mbarrier_try_wait(t.tid, addr, parity, site, || t.suspend()))
+    })
+}
+
+/// Waits until the phase of parity `parity` of the barrier at `addr` has
+/// completed: [`mbarrier_try_wait_parity`] until it answers true.
+///
+/// # Safety
+/// `addr` holds an initialised mbarrier.
+#[track_caller]
+pub unsafe fn mbarrier_wait_parity(addr: u32, parity: u32) {
+    while !mbarrier_try_wait_parity(addr, parity) {}
+}
+
+/// `barrier.sync.aligned id, threads`: waits on named barrier `id` (1..16)
+/// until `threads` threads (whole warps) have arrived; orders shared memory.
+#[track_caller]
+pub fn named_barrier_sync(id: u32, threads: u32) {
+    named_barrier(NamedArrival { id, threads, wait: true }, Location::caller());
+}
+
+/// `barrier.arrive.aligned id, threads`: arrives at named barrier `id` of
+/// `threads` threads without waiting.
+#[track_caller]
+pub fn named_barrier_arrive(id: u32, threads: u32) {
+    named_barrier(NamedArrival { id, threads, wait: false }, Location::caller());
+}
+
+fn named_barrier(arrival: NamedArrival, site: Site) {
+    context::with(|t| {
+        let barrier = || t.block.smem.block_barrier();
+        t.ok(t.block.sync.named_barrier(t.tid, arrival, site, barrier, || t.suspend()))
+    })
+}
+
+/// `fence.proxy.async.shared::cta`: makes this thread's earlier
+/// generic-proxy shared-memory writes visible to the async proxy.
+pub fn fence_proxy_async_shared() {
+    context::with(|t| t.block.smem.fence_proxy_async(t.tid))
+}
+
+/// `setmaxnreg.inc.sync.aligned.u32 N`: raises the warpgroup's registers
+/// per thread to `N`, waiting until the CTA's pool has them.
+#[track_caller]
+pub fn setmaxnreg_inc<const N: u32>() {
+    setmaxnreg(N, true, Location::caller())
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 N`: lowers the warpgroup's registers
+/// per thread to `N`, returning the rest to the CTA's pool.
+#[track_caller]
+pub fn setmaxnreg_dec<const N: u32>() {
+    setmaxnreg(N, false, Location::caller())
+}
+
+fn setmaxnreg(count: u32, inc: bool, site: Site) {
+    let op = if inc { "setmaxnreg.inc.sync.aligned.u32" } else { "setmaxnreg.dec.sync.aligned.u32" };
+    context::with(|t| {
+        let g = t.tid / 128;
+        let mut input = [0; 10];
+        input[0] = count;
+        let check = |inputs: &[LaneIn]| {
+            let fault = |message: String| {
+                Err(Fault::new(FaultKind::RegisterBudget, Some(t.tid), format!("{op} {count} at {site}: {message}")))
+            };
+            if let Some(other) = inputs.iter().position(|i| i[0] != count) {
+                return fault(format!(
+                    "thread {} of the warpgroup asks for {}",
+                    128 * g as usize + other,
+                    inputs[other][0]
+                ));
+            }
+            if !(24..=256).contains(&count) || !count.is_multiple_of(8) {
+                return fault("the count must be a multiple of 8 in 24..=256".into());
+            }
+            let current = t.block.sync.registers(g);
+            if (inc && count < current) || (!inc && count > current) {
+                let direction = if inc { "below" } else { "above" };
+                return fault(format!("{direction} the warpgroup's current {current} registers per thread"));
+            }
+            Ok(())
+        };
+        t.ok(t.block.sync.warpgroup_collective(t.tid, op, site, input, check, || t.suspend()));
+        t.ok(t.block.sync.set_registers(t.tid, count, inc, site, || t.suspend()));
+    })
+}
+
+macro_rules! tma_load {
+    ($(#[$doc:meta])* $name:ident, $rank:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `map` points to a tensor map in global memory, 64-byte aligned; the
+        /// box fits at `dst`; `bar` holds an initialised mbarrier.
+        #[track_caller]
+        pub unsafe fn $name(dst: u32, map: *const TensorMap, coords: [i32; $rank], bar: u32) {
+            tma_load(dst, map, &coords, bar, Location::caller())
+        }
+    };
+}
+
+tma_load!(
+    /// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`:
+    /// the box of the tensor map at `coords` into shared memory at `dst`,
+    /// completing its bytes on the mbarrier at `bar`. The emulator reads
+    /// global memory at issue and performs the complete-tx at once; the
+    /// bytes land (and may be read) when the barrier's phase completes.
+    tma_load_2d,
+    2
+);
+tma_load!(
+    /// As [`tma_load_2d`], for a 3-dimensional tensor map.
+    tma_load_3d,
+    3
+);
+tma_load!(
+    /// As [`tma_load_2d`], for a 4-dimensional tensor map.
+    tma_load_4d,
+    4
+);
+tma_load!(
+    /// As [`tma_load_2d`], for a 5-dimensional tensor map.
+    tma_load_5d,
+    5
+);
+
+fn tma_load(dst: u32, map: *const TensorMap, coords: &[i32], bar: u32, site: Site) {
+    const INSTRUCTION: &str = "cp.async.bulk.tensor.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
+    context::with(|t| {
+        let invalid = |message: String| -> ! {
+            t.block.fail(Fault::new(
+                FaultKind::InvalidOperand,
+                Some(t.tid),
+                format!("{INSTRUCTION} at {site}: {message}"),
+            ))
+        };
+        let access = Access {
+            instruction: INSTRUCTION,
+            site,
+            thread: t.tid,
+            addr: map as usize,
+            len: 128,
+            align: 64,
+            write: false,
+        };
+        t.ok(t.block.global.check(&access));
+        // SAFETY: 128 readable bytes (checked above).
+        let blob = unsafe { std::ptr::read(map) };
+        let params = TensorMapParams::decode(&blob).unwrap_or_else(|e| match e {
+            TensorMapError::NotOurEncoding => invalid(format!(
+                "the tensor map at {map:p} is not one TensorMapParams::encode wrote (on a GPU it is the driver's \
+                 cuTensorMapEncodeTiled blob; the emulator reads our encoding of the same parameters)"
+            )),
+            TensorMapError::Invalid(why) => invalid(format!("the tensor map at {map:p}: {why}")),
+        });
+        let size = params.data_type.size() as usize;
+        let read = |addr: u64, len: usize| {
+            let access = Access {
+                instruction: INSTRUCTION,
+                site,
+                thread: t.tid,
+                addr: addr as usize,
+                len,
+                align: size,
+                write: false,
+            };
+            t.block.global.check(&access)?;
+            let mut bytes = vec![0u8; len];
+            // SAFETY: inside a registered allocation (checked above).
+            unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, bytes.as_mut_ptr(), len) };
+            Ok(bytes)
+        };
+        let chunks = match tma::load_box(&params, coords, dst, read) {
+            Err(why) => invalid(why),
+            Ok(chunks) => t.ok(chunks),
+        };
+        check_mbarrier(t, INSTRUCTION, bar, site);
+        let mut copies = Vec::with_capacity(chunks.len());
+        for (addr, data) in chunks {
+            let req = Request { who: lane(t), instruction: INSTRUCTION, site, addr, len: 16 };
+            t.ok(t.block.smem.start_copy(&req, true));
+            copies.push((t.tid, PendingCopy { dst: addr, data, site }));
+        }
+        let update = MbarrierUpdate { complete_tx: params.box_bytes(), copies, ..Default::default() };
+        let update = t.block.sync.mbarrier_update(t.tid, bar, (INSTRUCTION, site), update, land_phase(t));
+        t.ok(update);
+    })
+}
+
+/// `wgmma.fence.sync.aligned`: orders this thread's earlier register
+/// accesses before the wgmmas that follow.
+pub fn wgmma_fence() {
+    context::with(|t| t.wgmma.borrow_mut().fences += 1)
+}
+
+/// `wgmma.commit_group.sync.aligned`: closes the group of wgmmas issued
+/// since the last commit.
+pub fn wgmma_commit_group() {
+    context::with(|t| t.wgmma.borrow_mut().commit())
+}
+
+/// `wgmma.wait_group.sync.aligned N`: waits until at most `N` committed
+/// wgmma groups are pending. The emulator computes each wgmma when it is
+/// issued; the wait marks the accumulators of the covered groups readable.
+pub fn wgmma_wait_group<const N: u32>() {
+    context::with(|t| {
+        let mut groups = t.wgmma.borrow_mut();
+        groups.wait(N as usize);
+        t.block.smem.wgmma_completed(t.tid, groups.completed());
+    })
+}
+
+/// The f32 accumulator fragment of one thread for `wgmma.m64nNk16` with
+/// `N = 2 * R` (see `arch/ptx.rs` for the layout). The emulator checks each
+/// register access against the wgmmas in flight and notes it for the
+/// fence check.
+#[derive(Clone)]
+pub struct WgmmaAccumulator<const R: usize> {
+    regs: [f32; R],
+    state: Cell<AccumulatorState>,
+}
+
+impl<const R: usize> WgmmaAccumulator<R> {
+    #[track_caller]
+    pub fn new(values: [f32; R]) -> Self {
+        let acc = Self { regs: values, state: Cell::default() };
+        acc.access(Location::caller());
+        acc
+    }
+
+    /// The registers, once the wgmma that wrote them has been waited for.
+    #[track_caller]
+    pub fn get(&self) -> &[f32; R] {
+        self.access(Location::caller());
+        &self.regs
+    }
+
+    /// The registers, for writing (a `wgmma_fence` must follow before the
+    /// next wgmma on them).
+    #[track_caller]
+    pub fn get_mut(&mut self) -> &mut [f32; R] {
+        self.access(Location::caller());
+        &mut self.regs
+    }
+
+    /// A register access at `site`: a fault while a wgmma writing the
+    /// registers is in flight.
+    fn access(&self, site: Site) {
+        context::with(|t| {
+            let mut state = self.state.get();
+            let groups = t.wgmma.borrow();
+            if let Some((number, written_at, instruction)) = state.written_by {
+                if let Some(why) = groups.in_flight(number) {
+                    let message = format!(
+                        "wgmma accumulator accessed at {site} while the {instruction} at {written_at} that writes it \
+                         is in flight: {why}"
+                    );
+                    drop(groups);
+                    t.block.fail(Fault::new(FaultKind::WgmmaInFlight, Some(t.tid), message));
+                }
+            }
+            state.accessed_at_fence = Some(groups.fences);
+            state.accessed_at = Some(site);
+            self.state.set(state);
+        })
+    }
+}
+
+/// The A operand of a wgmma.
+enum OperandA {
+    /// In shared memory, K-major (SS).
+    Shared(u64),
+    /// This thread's fragment (RS).
+    Registers([u32; 4]),
+}
+
+fn wgmma_name(r: usize, ty: HalfType) -> &'static str {
+    match (r, ty) {
+        (32, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+        (64, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+        (128, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16",
+        (32, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
+        (64, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        (128, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+        _ => "wgmma.mma_async.sync.aligned (an N other than 64, 128, 256)",
+    }
+}
+
+/// A and B of one wgmma as matrices: A's 64 rows and B's N columns, each
+/// 16 elements of K.
+struct Operands {
+    a: Vec<[u16; 16]>,
+    b: Vec<[u16; 16]>,
+}
+
+/// Reads the `rows` x 16 operand `desc` describes (rows along M or N) for
+/// wgmma `number` of the thread's warpgroup.
+fn read_operand(
+    t: &Thread<'_>,
+    (instruction, site, number): (&'static str, Site, u64),
+    desc: u64,
+    major: wgmma::Major,
+    rows: u32,
+) -> Result<Vec<[u16; 16]>, Fault> {
+    let desc = MatrixDescriptor::decode(desc);
+    let who = Accessor { thread: t.tid / 128 * 128, collective: true };
+    let mut matrix = vec![[0u16; 16]; rows as usize];
+    // Each chunk holds 8 elements along the major dimension.
+    let (outer, inner) = match major {
+        wgmma::Major::K => (rows, 2),
+        wgmma::Major::Mn => (16, rows / 8),
+    };
+    for o in 0..outer {
+        for i in 0..inner {
+            let (mn, k) = match major {
+                wgmma::Major::K => (o, 8 * i),
+                wgmma::Major::Mn => (8 * i, o),
+            };
+            let (addr, _) = wgmma::chunk_of(&desc, major, mn, k).map_err(|why| {
+                Fault::new(
+                    FaultKind::InvalidOperand,
+                    Some(t.tid),
+                    format!("{instruction} at {site}: descriptor {desc:?}: {why}"),
+                )
+            })?;
+            let req = Request { who, instruction, site, addr, len: 16 };
+            let bytes = t.block.smem.read_async(&req, (t.tid / 128, number))?;
+            for e in 0..8u32 {
+                let value = u16::from_le_bytes([bytes[2 * e as usize], bytes[2 * e as usize + 1]]);
+                match major {
+                    wgmma::Major::K => matrix[mn as usize][(k + e) as usize] = value,
+                    wgmma::Major::Mn => matrix[(mn + e) as usize][k as usize] = value,
+                }
+            }
+        }
+    }
+    Ok(matrix)
+}
+
+fn wgmma_mma<const R: usize>(
+    ty: HalfType,
+    acc: &mut WgmmaAccumulator<R>,
+    a: OperandA,
+    b_desc: u64,
+    trans_b: u32,
+    scale_d: bool,
+    site: Site,
+) {
+    let instruction = wgmma_name(R, ty);
+    context::with(|t| {
+        let fail = |kind, message: String| -> ! {
+            t.block.fail(Fault::new(kind, Some(t.tid), format!("{instruction} at {site}: {message}")))
+        };
+        if !matches!(R, 32 | 64 | 128) {
+            fail(FaultKind::InvalidOperand, format!("{R} accumulator registers: arch implements N = 64, 128, 256"));
+        }
+        if trans_b > 1 {
+            fail(FaultKind::InvalidOperand, format!("imm-trans-b {trans_b} (0 or 1)"));
+        }
+        let state = acc.state.get();
+        let fences = t.wgmma.borrow().fences;
+        if state.accessed_at_fence.is_none_or(|f| f >= fences) {
+            let at = state.accessed_at.map_or("its creation".to_string(), |s| s.to_string());
+            fail(
+                FaultKind::MissingWgmmaFence,
+                format!("no wgmma.fence since the thread's last access of the accumulator registers, at {at}"),
+            );
+        }
+        let number = t.wgmma.borrow_mut().issue();
+        let mut input = [0u32; 10];
+        let a_desc = match a {
+            OperandA::Shared(desc) => {
+                input[0..2].copy_from_slice(&[desc as u32, (desc >> 32) as u32]);
+                Some(desc)
+            }
+            OperandA::Registers(regs) => {
+                input[5..9].copy_from_slice(&regs);
+                None
+            }
+        };
+        input[2..4].copy_from_slice(&[b_desc as u32, (b_desc >> 32) as u32]);
+        input[4] = scale_d as u32;
+        let n = 2 * R as u32;
+        let compute = |inputs: &[LaneIn]| -> Result<Operands, Fault> {
+            let uniform = |range: std::ops::Range<usize>, what: &str| match inputs
+                .iter()
+                .position(|i| i[range.clone()] != inputs[0][range.clone()])
+            {
+                Some(other) => Err(Fault::new(
+                    FaultKind::InvalidOperand,
+                    Some(t.tid / 128 * 128 + other as u32),
+                    format!("{instruction} at {site}: {what} differs between threads 0 and {other} of the warpgroup"),
+                )),
+                None => Ok(()),
+            };
+            uniform(0..2, "the A descriptor")?;
+            uniform(2..4, "the B descriptor")?;
+            uniform(4..5, "scale-d")?;
+            let a = match a_desc {
+                Some(desc) => read_operand(t, (instruction, site, number), desc, wgmma::Major::K, 64)?,
+                None => {
+                    // The m16n8k16 A layout per warp, rows 16 * warp up.
+                    let mut a = vec![[0u16; 16]; 64];
+                    for (thread, i) in inputs.iter().enumerate() {
+                        let (warp, g, q) = (thread / 32, thread % 32 / 4, thread % 4);
+                        for (r, &reg) in i[5..9].iter().enumerate() {
+                            let (row, col) = (16 * warp + g + 8 * (r % 2), 2 * q + 8 * (r / 2));
+                            a[row][col] = reg as u16;
+                            a[row][col + 1] = (reg >> 16) as u16;
+                        }
+                    }
+                    a
+                }
+            };
+            let major = if trans_b == 1 { wgmma::Major::Mn } else { wgmma::Major::K };
+            let b = read_operand(t, (instruction, site, number), b_desc, major, n)?;
+            Ok(Operands { a, b })
+        };
+        let operands =
+            t.ok(t.block.sync.warpgroup_collective(t.tid, instruction, site, input, compute, || t.suspend()));
+        let (warp, lane) = ((t.tid % 128 / 32) as usize, (t.tid % 32) as usize);
+        for (i, d) in acc.regs.iter_mut().enumerate() {
+            let row = 16 * warp + lane / 4 + 8 * (i / 2 % 2);
+            let col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+            let c = if scale_d { *d } else { 0.0 };
+            *d = float::dot(ty, c, &operands.a[row], &operands.b[col]);
+        }
+        acc.state.set(AccumulatorState { written_by: Some((number, site, instruction)), ..state });
+    })
+}
+
+macro_rules! wgmma {
+    ($(#[$doc:meta])* $ss:ident, $rs:ident, $ty:expr) => {
+        $(#[$doc])*
+        #[track_caller]
+        pub fn $ss<const R: usize, const TRANS_B: u32>(
+            acc: &mut WgmmaAccumulator<R>,
+            a_desc: u64,
+            b_desc: u64,
+            scale_d: bool,
+        ) {
+            wgmma_mma($ty, acc, OperandA::Shared(a_desc), b_desc, TRANS_B, scale_d, Location::caller())
+        }
+
+        /// As the SS form, with A from this thread's registers (RS).
+        #[track_caller]
+        pub fn $rs<const R: usize, const TRANS_B: u32>(
+            acc: &mut WgmmaAccumulator<R>,
+            a: &[u32; 4],
+            b_desc: u64,
+            scale_d: bool,
+        ) {
+            wgmma_mma($ty, acc, OperandA::Registers(*a), b_desc, TRANS_B, scale_d, Location::caller())
+        }
+    };
+}
+
+wgmma!(
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16` (SS: A and B
+    /// from shared-memory matrix descriptors; B MN-major when `TRANS_B` is
+    /// 1). Computed when issued; its accumulator may be read after a
+    /// `wgmma_wait_group` that covers it.
+    wgmma_ss_f16,
+    wgmma_rs_f16,
+    HalfType::F16
+);
+wgmma!(
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`: as [`wgmma_ss_f16`].
+    wgmma_ss_bf16,
+    wgmma_rs_bf16,
+    HalfType::Bf16
+);

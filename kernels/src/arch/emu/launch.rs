@@ -32,14 +32,24 @@ pub struct LaunchConfig {
     /// performance property rather than a correctness one, which the
     /// attention kernels' swizzled tiles promise.
     pub check_bank_conflicts: bool,
+    /// Registers per thread the launch allocates (what ptxas reports for
+    /// the kernel, or its `maxnreg`): the CTA's register pool, which
+    /// `setmaxnreg` moves between warpgroups, is this times the block's
+    /// threads (whole warps), at most 64K.
+    pub registers_per_thread: u32,
 }
 
 impl LaunchConfig {
-    /// A launch that also checks bank conflicts.
+    /// A launch that also checks bank conflicts, with the most registers
+    /// per thread the block size allows (a multiple of 8, at most 248).
     pub fn new(grid: [u32; 3], block_threads: u32, dynamic_smem_bytes: u32) -> Self {
-        Self { grid, block_threads, dynamic_smem_bytes, check_bank_conflicts: true }
+        let per_thread = (REGISTER_FILE / block_threads.div_ceil(32).max(1) / 32).min(255) / 8 * 8;
+        Self { grid, block_threads, dynamic_smem_bytes, check_bank_conflicts: true, registers_per_thread: per_thread }
     }
 }
+
+/// Registers of an SM, the most one CTA may hold.
+const REGISTER_FILE: u32 = 64 * 1024;
 
 /// sm_90's limits, which a launch is checked against.
 const MAX_BLOCK_THREADS: u32 = 1024;
@@ -67,6 +77,14 @@ pub unsafe fn launch<F: Fn()>(config: &LaunchConfig, regions: &[GlobalRegion], k
         return invalid(format!(
             "{} bytes of dynamic shared memory (at most {MAX_DYNAMIC_SMEM})",
             config.dynamic_smem_bytes
+        ));
+    }
+    let register_pool = u64::from(config.registers_per_thread) * u64::from(config.block_threads.div_ceil(32) * 32);
+    if config.registers_per_thread > 255 || register_pool > u64::from(REGISTER_FILE) {
+        return invalid(format!(
+            "{} registers per thread for {} threads ({register_pool} registers; at most 255 per thread and \
+             {REGISTER_FILE} per block)",
+            config.registers_per_thread, config.block_threads
         ));
     }
     if config.grid.iter().zip(MAX_GRID).any(|(&n, max)| n == 0 || n > max) {
@@ -151,7 +169,7 @@ fn run_block(config: &LaunchConfig, ctaid: [u32; 3], global: &GlobalMemory, kern
         nctaid: config.grid,
         global,
         smem: SharedMemory::new(config.dynamic_smem_bytes, threads.div_ceil(32), config.check_bank_conflicts),
-        sync: Rendezvous::new(threads),
+        sync: Rendezvous::new(threads, config.registers_per_thread),
         fault: RefCell::new(None),
     };
     let error =

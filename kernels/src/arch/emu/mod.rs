@@ -19,7 +19,10 @@
 //! - `global`: the allocations global accesses are checked against;
 //! - `collective`: what `ldmatrix`, `mma` and `shfl` compute from a warp's registers;
 //! - `float`: the scalar float instructions and `mma`'s dot product, with
-//!   the bounds where the GPU's result is not defined bit for bit.
+//!   the bounds where the GPU's result is not defined bit for bit;
+//! - `tma`: the box a TMA tensor load copies, and where it lands;
+//! - `wgmma`: where wgmma's shared-memory operands lie (matrix descriptors,
+//!   swizzles), and each thread's wgmma groups.
 
 mod collective;
 mod context;
@@ -30,6 +33,8 @@ pub(super) mod instructions;
 mod launch;
 mod rendezvous;
 mod smem;
+mod tma;
+mod wgmma;
 
 pub use error::{Error, FaultKind};
 pub use global::GlobalRegion;

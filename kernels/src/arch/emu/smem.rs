@@ -13,7 +13,20 @@
 //! everything after; `bar.warp.sync` does the same within a warp; a thread
 //! is ordered with itself; a warp-collective read (`ldmatrix`) is ordered
 //! with later accesses of every lane of its warp. Epoch counters stand for
-//! the barriers: an access recorded in an older epoch is ordered.
+//! the barriers: an access recorded in an older epoch is ordered. The
+//! sm_90a synchronisations (a named barrier's completion, an mbarrier
+//! phase's completion) advance the block epoch too: they order only the
+//! threads that took part, so the race check is coarser there (it misses
+//! a race between threads that neither barrier orders, and reports none
+//! that is not one).
+//!
+//! Proxies: the async proxy (TMA, wgmma's shared operands) sees a
+//! thread's generic-proxy writes (`st.shared`, `cp.async`) only after that
+//! thread's `fence.proxy.async.shared::cta`; each word remembers its
+//! writer's fence count at the write, and an async-proxy read of a word
+//! whose writer has not fenced since is a fault. TMA loads are async-proxy
+//! writes: in flight from their issue until the mbarrier phase their bytes
+//! complete has completed.
 
 use std::cell::{RefCell, RefMut};
 use std::collections::VecDeque;
@@ -27,8 +40,8 @@ pub(crate) const BASE: u32 = 0x400;
 
 type Site = &'static Location<'static>;
 
-/// A `cp.async` whose bytes have not landed: the source was read when it
-/// was issued.
+/// A `cp.async` (or 16 bytes of a TMA box) whose bytes have not landed:
+/// the source was read when it was issued.
 pub(crate) struct PendingCopy {
     pub dst: u32,
     pub data: [u8; 16],
@@ -105,12 +118,46 @@ enum Readers {
     },
 }
 
+/// An asynchronous copy that will write a word.
+#[derive(Clone, Copy)]
+struct InFlight {
+    thread: u32,
+    site: Site,
+    /// A TMA load (landed by its mbarrier phase), not a `cp.async`.
+    tma: bool,
+}
+
+impl InFlight {
+    fn describe(&self, word: u32) -> (FaultKind, String) {
+        let (thread, site) = (self.thread, self.site);
+        if self.tma {
+            let what = format!(
+                "word {word:#x} is still in flight from the TMA load (cp.async.bulk.tensor) of thread {thread} at \
+                 {site}: the mbarrier phase its bytes complete has not completed"
+            );
+            (FaultKind::TmaInFlight, what)
+        } else {
+            let what = format!("word {word:#x} is still in flight from the cp.async of thread {thread} at {site}");
+            (FaultKind::CpAsyncInFlight, what)
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Word {
     write: Option<Access>,
     readers: Readers,
-    /// A `cp.async` that will write this word: its thread and site.
-    in_flight: Option<(u32, Site)>,
+    in_flight: Option<InFlight>,
+    /// For a generic-proxy write: the writer's count of
+    /// `fence.proxy.async` at the write (the async proxy may read the word
+    /// once the writer's count has moved past it). `None` for an
+    /// async-proxy write (a TMA load), which the async proxy sees.
+    generic_fence: Option<u32>,
+    /// The newest wgmma reading the word as an operand: its warpgroup,
+    /// number (see `wgmma::WgmmaGroups`) and site. It reads until a
+    /// `wgmma.wait_group` of the warpgroup covers it; a write before then
+    /// may change what it reads.
+    wgmma_reader: Option<(u32, u64, Site)>,
 }
 
 struct Inner {
@@ -120,6 +167,13 @@ struct Inner {
     block_epoch: u32,
     /// Completed `bar.warp.sync`s, per warp.
     warp_epochs: Vec<u32>,
+    /// `fence.proxy.async.shared::cta`s executed, per thread.
+    proxy_fences: Vec<u32>,
+    /// Per thread, the newest wgmma of its warpgroup its own
+    /// `wgmma.wait_group`s have covered.
+    wgmma_waited: Vec<u64>,
+    /// Per warpgroup, the newest wgmma any of its threads has waited for.
+    wgmma_done: Vec<u64>,
 }
 
 pub(crate) struct SharedMemory {
@@ -165,7 +219,8 @@ fn describe_access(a: &Access) -> String {
 
 impl SharedMemory {
     pub fn new(size: u32, warps: u32, check_bank_conflicts: bool) -> Self {
-        let word = Word { write: None, readers: Readers::None, in_flight: None };
+        let word =
+            Word { write: None, readers: Readers::None, in_flight: None, generic_fence: None, wgmma_reader: None };
         Self {
             size,
             check_bank_conflicts,
@@ -174,6 +229,9 @@ impl SharedMemory {
                 words: vec![word; size.div_ceil(4) as usize],
                 block_epoch: 0,
                 warp_epochs: vec![0; warps as usize],
+                proxy_fences: vec![0; 32 * warps as usize],
+                wgmma_waited: vec![0; 32 * warps as usize],
+                wgmma_done: vec![0; warps.div_ceil(4) as usize],
             }),
         }
     }
@@ -200,6 +258,57 @@ impl SharedMemory {
         }
         let first = ((req.addr - BASE) / 4) as usize;
         Ok(first..first + (req.len / 4) as usize)
+    }
+
+    /// Checks that `req` lies in the dynamic shared memory, `align`-byte
+    /// aligned, touching nothing (an mbarrier object's address).
+    pub fn check_bounds(&self, req: &Request, align: u32) -> Result<(), Fault> {
+        self.words(req, align).map(drop)
+    }
+
+    /// 16 bytes at `req.addr` read by the async proxy for wgmma `number`
+    /// of warpgroup `group`: as [`Self::read`], and every word's
+    /// generic-proxy writer must have executed `fence.proxy.async` since
+    /// writing it. The words stay read until the warpgroup's
+    /// `wgmma.wait_group` covers the wgmma ([`Self::wgmma_completed`]).
+    pub fn read_async(&self, req: &Request, (group, number): (u32, u64)) -> Result<Vec<u8>, Fault> {
+        let mut inner = self.lock();
+        for w in self.words(req, 16)? {
+            inner.words[w].wgmma_reader = Some((group, number, req.site));
+            let word = inner.words[w];
+            if let (Some(write), Some(fence)) = (word.write, word.generic_fence) {
+                if inner.proxy_fences[write.who.thread as usize] == fence {
+                    return Err(req.fault(
+                        FaultKind::MissingProxyFence,
+                        format!(
+                            "word {:#x} was written through the generic proxy by {} and that thread has executed \
+                             no fence.proxy.async.shared::cta since: the async proxy may not see the write",
+                            word_addr(w),
+                            describe_access(&write)
+                        ),
+                    ));
+                }
+            }
+        }
+        self.read_locked(&mut inner, req)
+    }
+
+    /// A `wgmma.wait_group` of `thread` has covered its warpgroup's
+    /// wgmmas up to number `through`. A wgmma is one operation of the
+    /// warpgroup: a thread of the warpgroup may overwrite its operands once
+    /// its own wait covered it; a thread of another warpgroup once any
+    /// thread's has (it is ordered after that wait by a barrier, which the
+    /// race check sees, coarsely).
+    pub fn wgmma_completed(&self, thread: u32, through: u64) {
+        let mut inner = self.lock();
+        inner.wgmma_waited[thread as usize] = through;
+        let done = &mut inner.wgmma_done[(thread / 128) as usize];
+        *done = (*done).max(through);
+    }
+
+    /// `fence.proxy.async.shared::cta` by `thread`.
+    pub fn fence_proxy_async(&self, thread: u32) {
+        self.lock().proxy_fences[thread as usize] += 1;
     }
 
     /// `req.len` bytes at `req.addr`, aligned to their length.
@@ -233,15 +342,10 @@ impl SharedMemory {
         let words = self.words(req, req.len)?;
         for w in words.clone() {
             let word = inner.words[w];
-            if let Some((thread, site)) = word.in_flight {
-                return Err(req.fault(
-                    FaultKind::CpAsyncInFlight,
-                    format!(
-                        "word {:#x} is still in flight from the cp.async of thread {thread} at {site}: \
-                         no cp.async.wait_group of that thread has covered it",
-                        word_addr(w)
-                    ),
-                ));
+            if let Some(flight) = word.in_flight {
+                let (kind, what) = flight.describe(word_addr(w));
+                let why = if flight.tma { "" } else { ": no cp.async.wait_group of that thread has covered it" };
+                return Err(req.fault(kind, format!("{what}{why}")));
             }
             let Some(write) = word.write else {
                 return Err(req.fault(
@@ -269,36 +373,44 @@ impl SharedMemory {
     /// Stores `bytes` at `req.addr`, aligned to their length.
     pub fn write(&self, req: &Request, bytes: &[u8]) -> Result<(), Fault> {
         let mut inner = self.lock();
+        let fence = inner.proxy_fences[req.who.thread as usize];
         for w in self.check_write(&inner, req, req.len)? {
             inner.words[w].write = Some(inner.access(req));
             inner.words[w].readers = Readers::None;
+            inner.words[w].generic_fence = Some(fence);
         }
         let start = (req.addr - BASE) as usize;
         inner.bytes[start..start + bytes.len()].copy_from_slice(bytes);
         Ok(())
     }
 
-    /// Issues a 16-byte `cp.async` into `req.addr`: from now until
-    /// [`Self::land`] its words are in flight.
-    pub fn start_copy(&self, req: &Request) -> Result<(), Fault> {
+    /// Issues a 16-byte `cp.async` (or a 16-byte piece of a TMA box, `tma`)
+    /// into `req.addr`: from now until [`Self::land`] its words are in flight.
+    pub fn start_copy(&self, req: &Request, tma: bool) -> Result<(), Fault> {
         let mut inner = self.lock();
         for w in self.check_write(&inner, req, 16)? {
-            inner.words[w].in_flight = Some((req.who.thread, req.site));
+            inner.words[w].in_flight = Some(InFlight { thread: req.who.thread, site: req.site, tma });
         }
         Ok(())
     }
 
     /// Lands `copies` of `thread` (a `wait_group` of that thread covered
-    /// them): their bytes become writes by the thread, ordered as of now.
-    pub fn land(&self, thread: u32, copies: Vec<PendingCopy>) {
+    /// them, or for `tma` their mbarrier phase completed): their bytes
+    /// become writes by the thread, ordered as of now, through the generic
+    /// proxy (`cp.async`) or the async proxy (TMA).
+    pub fn land(&self, thread: u32, copies: Vec<PendingCopy>, tma: bool) {
         let mut inner = self.lock();
+        let generic_fence = (!tma).then_some(inner.proxy_fences[thread as usize]);
+        let instruction = if tma { "cp.async.bulk.tensor" } else { "cp.async" };
         for copy in copies {
             let who = Accessor { thread, collective: false };
-            let req = Request { who, instruction: "cp.async", site: copy.site, addr: copy.dst, len: 16 };
+            let req = Request { who, instruction, site: copy.site, addr: copy.dst, len: 16 };
             let access = inner.access(&req);
             let first = ((copy.dst - BASE) / 4) as usize;
             for word in &mut inner.words[first..first + 4] {
-                *word = Word { write: Some(access), readers: Readers::None, in_flight: None };
+                let wgmma_reader = word.wgmma_reader;
+                *word =
+                    Word { write: Some(access), readers: Readers::None, in_flight: None, generic_fence, wgmma_reader };
             }
             let start = (copy.dst - BASE) as usize;
             inner.bytes[start..start + 16].copy_from_slice(&copy.data);
@@ -310,15 +422,27 @@ impl SharedMemory {
         let words = self.words(req, align)?;
         for w in words.clone() {
             let word = &inner.words[w];
-            if let Some((thread, site)) = word.in_flight {
-                return Err(req.fault(
-                    FaultKind::CpAsyncInFlight,
-                    format!(
-                        "word {:#x} is still in flight from the cp.async of thread {thread} at {site}, \
-                         which would land over this write",
-                        word_addr(w)
-                    ),
-                ));
+            if let Some(flight) = word.in_flight {
+                let (kind, what) = flight.describe(word_addr(w));
+                return Err(req.fault(kind, format!("{what}, which would land over this write")));
+            }
+            if let Some((group, number, site)) = word.wgmma_reader {
+                let done = if req.who.thread / 128 == group {
+                    inner.wgmma_waited[req.who.thread as usize]
+                } else {
+                    inner.wgmma_done[group as usize]
+                };
+                if number > done {
+                    return Err(req.fault(
+                        FaultKind::WgmmaInFlight,
+                        format!(
+                            "word {:#x} is an operand of the wgmma.mma_async of warpgroup {group} at {site}, which \
+                             may still read it: no wgmma.wait_group has covered it (of this thread, for a thread of \
+                             that warpgroup; of any of its threads, for another)",
+                            word_addr(w)
+                        ),
+                    ));
+                }
             }
             let race = |other: &Access, what: &str| {
                 Err(req.fault(
