@@ -6,6 +6,10 @@
 //! forms every scaled score, applies the softcap and ALiBi bias, masks, and
 //! takes a max-subtracted softmax. Variable-length batches and paged caches
 //! are checked by gathering each sequence into a dense problem of batch 1.
+//!
+//! [`attention_backward`] gives the analytic gradients of the same function
+//! (the ground truth of the backward pass), itself checked against finite
+//! differences of [`attention_with_alibi`].
 
 /// Sizes and options of a reference attention computation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -181,6 +185,72 @@ fn head_attention(
         lse[i] = max + sum.ln();
     }
     HeadOutput { bh, o, lse }
+}
+
+/// Gradients of a loss with respect to the inputs of [`attention_with_alibi`].
+pub struct ReferenceGradients {
+    /// `[batch, seqlen_q, heads_q, head_dim]`.
+    pub dq: Vec<f64>,
+    /// `[batch, seqlen_k, heads_kv, head_dim]`: summed over the query heads
+    /// of each key/value head's group.
+    pub dk: Vec<f64>,
+    /// As `dk`.
+    pub dv: Vec<f64>,
+}
+
+/// The gradients of a loss `L` with respect to `q`, `k` and `v`, given `do_
+/// = dL/dO` (`[batch, seqlen_q, heads_q, head_dim]`), for the attention
+/// [`attention_with_alibi`] computes. With `P` the softmax of row `i`'s
+/// scores `s` and `t = scale * q_i . k_j` the scaled product before the
+/// softcap:
+/// `dV_j += P_ij dO_i`, `dP_ij = dO_i . V_j`, `dS_ij = P_ij (dP_ij - D_i)`
+/// with `D_i = dO_i . O_i`, through the softcap `dT_ij = dS_ij (1 -
+/// tanh^2(t / c))` (the ALiBi bias is constant), and `dQ_i += scale dT_ij
+/// K_j`, `dK_j += scale dT_ij Q_i`. Rows that see no key contribute nothing.
+pub fn attention_backward(
+    p: &ReferenceProblem,
+    slopes: Option<&[f64]>,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    do_: &[f64],
+) -> ReferenceGradients {
+    assert_eq!(do_.len(), q.len(), "dO has q's shape");
+    let forward = attention_with_alibi(p, slopes, q, k, v);
+    let d = p.head_dim;
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let q_at = |b: usize, i: usize, h: usize| ((b * p.seqlen_q + i) * p.heads_q + h) * d;
+    let k_at = |b: usize, j: usize, h: usize| ((b * p.seqlen_k + j) * p.heads_kv + h) * d;
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    for b in 0..p.batch {
+        for h in 0..p.heads_q {
+            let hk = h / (p.heads_q / p.heads_kv);
+            let slope = slopes.map_or(0.0, |s| s[b * p.heads_q + h]);
+            for i in 0..p.seqlen_q {
+                let lse = forward.lse[(b * p.heads_q + h) * p.seqlen_q + i];
+                if lse == f64::NEG_INFINITY {
+                    continue;
+                }
+                let (qi, doi) = (&q[q_at(b, i, h)..][..d], &do_[q_at(b, i, h)..][..d]);
+                let d_i = dot(doi, &forward.o[q_at(b, i, h)..][..d]);
+                for j in (0..p.seqlen_k).filter(|&j| visible(p, i, j)) {
+                    let (kj, vj) = (&k[k_at(b, j, hk)..][..d], &v[k_at(b, j, hk)..][..d]);
+                    let scaled = p.softmax_scale * dot(qi, kj);
+                    let capped = p.softcap.map_or(scaled, |c| c * (scaled / c).tanh());
+                    let distance = (i as f64 + p.seqlen_k as f64 - p.seqlen_q as f64 - j as f64).abs();
+                    let prob = (capped - slope * distance - lse).exp();
+                    let d_s = prob * (dot(doi, vj) - d_i);
+                    let d_scaled = p.softcap.map_or(d_s, |c| d_s * (1.0 - (scaled / c).tanh().powi(2)));
+                    for x in 0..d {
+                        dv[k_at(b, j, hk) + x] += prob * doi[x];
+                        dq[q_at(b, i, h) + x] += p.softmax_scale * d_scaled * kj[x];
+                        dk[k_at(b, j, hk) + x] += p.softmax_scale * d_scaled * qi[x];
+                    }
+                }
+            }
+        }
+    }
+    ReferenceGradients { dq, dk, dv }
 }
 
 /// `||a - b|| / ||b||` (L2), the tests' error measure.

@@ -138,3 +138,70 @@ fn relative_error_is_zero_for_equal_and_scales_with_difference() {
     assert_eq!(relative_l2_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
     assert_relative_eq!(relative_l2_error(&[3.0, 0.0], &[4.0, 0.0]), 0.25);
 }
+
+/// Pseudo-random values in [-1, 1) from a fixed seed (a small LCG: the
+/// tests of the reference need no random crate to be repeatable).
+fn values(seed: u64, n: usize) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// The analytic gradients against central differences of `L = sum(O * dO)`
+/// for every element of q, k and v.
+fn check_gradients(p: &ReferenceProblem, slopes: Option<&[f64]>, what: &str) {
+    let (nq, nk) = (p.batch * p.seqlen_q * p.heads_q * p.head_dim, p.batch * p.seqlen_k * p.heads_kv * p.head_dim);
+    let (q, k, v, d_o) = (values(1, nq), values(2, nk), values(3, nk), values(4, nq));
+    let grads = attention_backward(p, slopes, &q, &k, &v, &d_o);
+    let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+        attention_with_alibi(p, slopes, q, k, v).o.iter().zip(&d_o).map(|(o, g)| o * g).sum()
+    };
+    let h = 1e-5;
+    let numeric = |which: usize, len: usize| -> Vec<f64> {
+        (0..len)
+            .map(|e| {
+                let mut inputs = [q.clone(), k.clone(), v.clone()];
+                inputs[which][e] += h;
+                let up = loss(&inputs[0], &inputs[1], &inputs[2]);
+                inputs[which][e] -= 2.0 * h;
+                let down = loss(&inputs[0], &inputs[1], &inputs[2]);
+                (up - down) / (2.0 * h)
+            })
+            .collect()
+    };
+    for (name, analytic, which, len) in [("dq", &grads.dq, 0, nq), ("dk", &grads.dk, 1, nk), ("dv", &grads.dv, 2, nk)] {
+        let expected = numeric(which, len);
+        assert!(expected.iter().any(|g| g.abs() > 1e-3), "{what}: {name} is all but zero: the case tests nothing");
+        let error = relative_l2_error(analytic, &expected);
+        assert!(error < 1e-7, "{what}: {name} off from finite differences by {error:e}");
+    }
+}
+
+#[test]
+fn backward_matches_finite_differences_with_every_score_modifier() {
+    // GQA 2:1, more keys than queries, ragged sizes.
+    let base = ReferenceProblem::dense(2, 3, 5, 4, 2, 4, false, 0.7);
+    check_gradients(&base, None, "full");
+    check_gradients(&ReferenceProblem { causal: true, ..base }, None, "causal, bottom-right");
+    let more_queries = ReferenceProblem { seqlen_q: 6, seqlen_k: 4, causal: true, ..base };
+    check_gradients(&more_queries, None, "causal with rows that see no key");
+    check_gradients(&ReferenceProblem { window: (Some(1), Some(1)), ..base }, None, "window");
+    check_gradients(&ReferenceProblem { softcap: Some(0.8), ..base }, None, "softcap");
+    let slopes = values(5, base.batch * base.heads_q);
+    check_gradients(&ReferenceProblem { causal: true, softcap: Some(2.0), ..base }, Some(&slopes), "alibi and softcap");
+}
+
+#[test]
+fn backward_gives_nothing_to_rows_that_see_no_key() {
+    // Row 0 of 4 queries over 2 keys, causal bottom-right, sees no key.
+    let p = ReferenceProblem::dense(1, 4, 2, 1, 1, 2, true, 1.0);
+    let (q, k, v) = (values(6, 8), values(7, 4), values(8, 4));
+    let mut d_o = vec![0.0; 8];
+    d_o[..2].copy_from_slice(&[1.0, -1.0]); // only row 0's output matters
+    let grads = attention_backward(&p, None, &q, &k, &v, &d_o);
+    assert!(grads.dq.iter().chain(&grads.dk).chain(&grads.dv).all(|&g| g == 0.0));
+}
