@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use cust::memory::DeviceBuffer;
 use cust::stream::{Stream, StreamFlags};
+use flash_attn::half1::f16;
 use flash_attn::reference::{self, ReferenceProblem};
-use flash_attn::{f16, AttentionParams, FlashAttention, Tensor, TensorMut};
+use flash_attn::{AttentionParams, FlashAttention, Tensor, TensorMut};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _context = match cust::quick_init() {

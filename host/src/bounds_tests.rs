@@ -1126,7 +1126,7 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
         softmax_scale: f.scale,
         window: f.window,
         softcap: f.softcap,
-        alibi_slopes: slopes.as_ref(),
+        alibi_slopes: slopes,
         num_splits: f.num_splits,
     };
     let (q, k, v, o) = (&placed[0], &placed[1], &placed[2], &placed[3]);

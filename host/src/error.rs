@@ -57,10 +57,17 @@ pub enum Error {
     UnsupportedDevice { major: i32, minor: i32 },
     /// No CUDA context is current on the calling thread.
     NoContext,
-    /// A CUDA driver call failed.
-    Cuda(cust::error::CudaError),
-    /// A raw CUDA driver call failed with this status code.
-    DriverCall { call: &'static str, code: u32 },
+    /// The stream of a call belongs to another context than the one the
+    /// kernels were loaded into.
+    WrongContext,
+    /// Device memory of one binding (cudarc) passed with a stream of
+    /// another: its reads and writes could not be ordered on the call's stream.
+    MixedBindings { tensor: &'static str },
+    /// The NVIDIA driver library could not be loaded or initialized (no
+    /// driver installed, or no usable GPU).
+    DriverUnavailable(String),
+    /// A CUDA driver call failed with this status.
+    DriverCall { call: &'static str, code: u32, name: String },
 }
 
 impl fmt::Display for Error {
@@ -134,31 +141,25 @@ impl fmt::Display for Error {
             Error::UnsupportedDevice { major, minor } => {
                 write!(f, "compute capability {major}.{minor} is not supported; sm_80 or newer is required")
             }
-            Error::NoContext => {
-                write!(f, "no CUDA context is current on this thread: create one first (e.g. cust::quick_init())")
+            Error::NoContext => write!(
+                f,
+                "no CUDA context is current on this thread: create one first (cust::quick_init(), \
+                 cudarc's CudaContext::new, or bind one to the thread)"
+            ),
+            Error::WrongContext => {
+                write!(f, "the stream belongs to another CUDA context than the one the kernels were loaded into")
             }
-            Error::Cuda(e) => write!(f, "CUDA error: {e}"),
-            Error::DriverCall { call, code } => write!(f, "{call} failed with CUDA status {code}"),
+            Error::MixedBindings { tensor } => write!(
+                f,
+                "{tensor} is cudarc memory but the stream is not a cudarc stream: pass the CudaStream of the call"
+            ),
+            Error::DriverUnavailable(why) => write!(f, "the CUDA driver is not available: {why}"),
+            Error::DriverCall { call, code, name } => write!(f, "{call} failed: {name} ({code})"),
         }
     }
 }
 
 impl std::error::Error for Error {}
 
-impl From<cust::error::CudaError> for Error {
-    fn from(e: cust::error::CudaError) -> Self {
-        Error::Cuda(e)
-    }
-}
-
 /// Result of this crate's calls.
 pub type Result<T> = std::result::Result<T, Error>;
-
-/// `Ok` for a driver call `call` that returned `status` success, else the error.
-pub(crate) fn driver_call(call: &'static str, status: cust::sys::CUresult) -> Result<()> {
-    if status == cust::sys::cudaError_enum::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::DriverCall { call, code: status as u32 })
-    }
-}

@@ -123,7 +123,8 @@ enum CacheTensors<'a, T: Element> {
 /// appended ones); the rest of the cache is never read.
 ///
 /// ```no_run
-/// use flash_attn::{BlockTable, CacheSeqlens, KvCache, Tensor, TensorMut, f16};
+/// use flash_attn::{BlockTable, CacheSeqlens, KvCache, Tensor, TensorMut};
+/// use flash_attn::half1::f16;
 /// use flash_attn::cust::memory::DeviceBuffer;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let _context = flash_attn::cust::quick_init()?;
@@ -180,6 +181,22 @@ impl<'a, T: Element> KvCache<'a, T> {
     /// and `block_table` locates each batch's pages.
     pub fn paged(self, block_table: &'a BlockTable) -> Self {
         Self { block_table: Some(block_table), ..self }
+    }
+
+    /// Orders the caches' memory on the call's stream.
+    pub(crate) fn order<'s>(&'s mut self, order: &mut crate::stream::StreamOrder<'s>) -> Result<()> {
+        match &mut self.tensors {
+            CacheTensors::Read { k, v } => {
+                order.read("k_cache", &k.memory)?;
+                order.read("v_cache", &v.memory)
+            }
+            CacheTensors::Append { k, v, k_new, v_new } => {
+                order.read("k_new", &k_new.memory)?;
+                order.read("v_new", &v_new.memory)?;
+                order.write("k_cache", &mut k.memory)?;
+                order.write("v_cache", &mut v.memory)
+            }
+        }
     }
 
     pub(crate) fn args(&self) -> crate::validate::CacheArgs<'_> {

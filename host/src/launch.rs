@@ -3,10 +3,7 @@
 
 use std::ffi::c_void;
 
-use cust::stream::Stream;
-use cust::sys::CUfunction;
-
-use crate::error::driver_call;
+use crate::driver::{check, driver, CUfunction, CUstream};
 use crate::error::Result;
 use crate::module::KernelModule;
 use crate::plan::{KernelArgs, OutputAddrs, Plan};
@@ -19,7 +16,7 @@ pub(crate) fn launch(
     plan: &Plan,
     outputs: OutputAddrs,
     scratch: &mut Scratch,
-    stream: &Stream,
+    stream: CUstream,
 ) -> Result<()> {
     let base = if plan.scratch.bytes > 0 { scratch.reserve(plan.scratch.bytes)? } else { 0 };
     if !plan.upload.is_empty() {
@@ -43,11 +40,10 @@ pub(crate) fn launch(
 /// Copies `values` to device address `addr` on `stream`. From pageable host
 /// memory the driver stages the data before returning, so `values` may be
 /// dropped right after.
-fn upload_async(addr: u64, values: &[i32], stream: &Stream) -> Result<()> {
-    let status = unsafe {
-        cust::sys::cuMemcpyHtoDAsync_v2(addr, values.as_ptr().cast(), std::mem::size_of_val(values), stream.as_inner())
-    };
-    driver_call("cuMemcpyHtoDAsync", status)
+fn upload_async(addr: u64, values: &[i32], stream: CUstream) -> Result<()> {
+    let status =
+        unsafe { (driver()?.memcpy_htod_async)(addr, values.as_ptr().cast(), std::mem::size_of_val(values), stream) };
+    check("cuMemcpyHtoDAsync", status)
 }
 
 /// Launches `function` with one argument block `args` on `stream`.
@@ -61,10 +57,10 @@ unsafe fn launch_kernel(
     threads: u32,
     smem_bytes: u32,
     args: *mut c_void,
-    stream: &Stream,
+    stream: CUstream,
 ) -> Result<()> {
     let mut params = [args];
-    let status = cust::sys::cuLaunchKernel(
+    let status = (driver()?.launch_kernel)(
         function,
         grid[0],
         grid[1],
@@ -73,9 +69,9 @@ unsafe fn launch_kernel(
         1,
         1,
         smem_bytes,
-        stream.as_inner(),
+        stream,
         params.as_mut_ptr(),
         std::ptr::null_mut(),
     );
-    driver_call("cuLaunchKernel", status)
+    check("cuLaunchKernel", status)
 }

@@ -1,8 +1,11 @@
 //! FlashAttention-2 forward on NVIDIA GPUs (sm_80 and newer), from Rust alone.
 //!
 //! The kernels are Rust (the `flash-attn-kernels` crate) compiled to PTX,
-//! which this crate embeds; [`FlashAttention`] loads it into the current CUDA
-//! context once and launches it through `cust`. No CUDA C++ and no nvcc.
+//! which this crate embeds; [`FlashAttention`] loads it into a CUDA context
+//! once and launches it. No CUDA C++, no nvcc, and no CUDA toolkit to build:
+//! the driver (`libcuda`) is opened at run time, so a program built with
+//! this crate starts anywhere and reports [`Error::DriverUnavailable`]
+//! where there is no NVIDIA driver.
 //!
 //! Tensors are `[batch, seqlen, heads, head_dim]`, f16 or bf16, in device
 //! memory, with any strides on the first three dimensions (multiples of 8
@@ -12,19 +15,39 @@
 //! Every invalid input returns an [`Error`] and launches nothing.
 //!
 //! Beyond dense batches: variable-length batches
-//! ([`FlashAttention::forward_varlen`], [`SeqOffsets`]), KV caches, dense or
-//! paged, with in-place append ([`FlashAttention::forward_kvcache`],
+//! ([`FlashAttention::forward_varlen_into`], [`SeqOffsets`]), KV caches, dense or
+//! paged, with in-place append ([`FlashAttention::forward_kvcache_into`],
 //! [`KvCache`], [`CacheSeqlens`], [`BlockTable`]), sliding windows, softcap
 //! and ALiBi ([`AttentionParams`]), and split-KV for few queries over many
 //! keys ([`num_splits_heuristic`], [`Workspace`]).
 //!
-//! ```no_run
-//! use flash_attn::{AttentionParams, FlashAttention, Tensor, f16};
-//! use cust::memory::DeviceBuffer;
-//! use cust::stream::{Stream, StreamFlags};
+//! # Front doors
 //!
+//! One core (validation, planning, launch on device addresses and driver
+//! handles) behind three doors, which differ only in whose buffers and
+//! streams they take:
+//! - `cust` (default feature): `DeviceBuffer`/`DeviceSlice` of `half` 1.8
+//!   values ([`half1`]), `cust::stream::Stream`, and the calls that allocate
+//!   their outputs ([`FlashAttention::forward`] and friends). `cust` itself
+//!   links `libcuda` at build time.
+//! - `cudarc` (feature, `default-features = false` to drop `cust`):
+//!   `CudaSlice`/`CudaView`/`CudaViewMut` of `half` 2 values ([`f16`],
+//!   [`bf16`]) and `CudaStream`; builds with no CUDA anywhere.
+//! - raw (always): [`DeviceView::from_raw`], [`DeviceViewMut::from_raw`] and
+//!   [`RawStream::from_raw`] over device pointers and a `CUstream`, for
+//!   tch, burn or any other binding (`unsafe`: you vouch for the memory).
+//!
+//! With `cust`:
+//!
+//! ```no_run
+//! # #[cfg(feature = "cust")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let _context = cust::quick_init()?;
+//! use flash_attn::{AttentionParams, FlashAttention, Tensor};
+//! use flash_attn::cust::memory::DeviceBuffer;
+//! use flash_attn::cust::stream::{Stream, StreamFlags};
+//! use flash_attn::half1::f16; // cust's buffers hold half 1.8 values
+//!
+//! let _context = flash_attn::cust::quick_init()?;
 //! let attention = FlashAttention::new()?;
 //! let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
 //!
@@ -45,13 +68,50 @@
 //! let o: Vec<f16> = out.o.as_host_vec()?; // [batch, seqlen, heads, head_dim]
 //! let lse: Vec<f32> = out.lse.as_host_vec()?; // [batch, heads, seqlen]
 //! # Ok(()) }
+//! # #[cfg(not(feature = "cust"))]
+//! # fn main() {}
+//! ```
+//!
+//! With cudarc (`flash-attn = { ..., default-features = false, features = ["cudarc"] }`):
+//!
+//! ```no_run
+//! # #[cfg(feature = "cudarc")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use flash_attn::cudarc::driver::CudaContext;
+//! use flash_attn::{f16, AttentionParams, FlashAttention, Tensor, TensorMut};
+//!
+//! let context = CudaContext::new(0)?; // also makes it current on this thread
+//! let stream = context.default_stream();
+//! let attention = FlashAttention::new()?;
+//!
+//! let shape = [1, 4096, 16, 128];
+//! let n = shape.iter().product::<usize>();
+//! let q = stream.clone_htod(&vec![f16::from_f32(0.5); n])?;
+//! let (k, v) = (q.clone(), q.clone());
+//! let mut o = stream.alloc_zeros::<f16>(n)?;
+//! let mut lse = stream.alloc_zeros::<f32>(shape[0] * shape[2] * shape[1])?;
+//! attention.forward_into(
+//!     Tensor::new(&q, shape),
+//!     Tensor::new(&k, shape),
+//!     Tensor::new(&v, shape),
+//!     TensorMut::new(&mut o, shape),
+//!     &mut lse,
+//!     &AttentionParams::default(),
+//!     &stream,
+//! )?;
+//! let o: Vec<f16> = stream.clone_dtoh(&o)?;
+//! # Ok(()) }
+//! # #[cfg(not(feature = "cudarc"))]
+//! # fn main() {}
 //! ```
 
 mod attention;
+mod bindings;
 #[cfg(test)]
 mod bounds_tests;
 mod call;
 mod context;
+mod driver;
 mod error;
 mod kvcache;
 mod launch;
@@ -60,22 +120,32 @@ mod plan;
 pub mod reference;
 #[cfg(test)]
 mod reference_tests;
+mod stream;
 mod tensor;
 mod validate;
 mod varlen;
 mod workspace;
 
-pub use attention::{FlashAttention, Output};
+pub use attention::FlashAttention;
+#[cfg(feature = "cust")]
+pub use bindings::cust::Output;
 pub use call::{Problem, MAX_SPLITS};
+#[cfg(feature = "cudarc")]
+pub use cudarc;
+#[cfg(feature = "cust")]
 pub use cust;
+pub use driver::CUstream;
 pub use error::{Error, Result};
 use flash_attn_abi::config;
 pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
 pub use half::{bf16, f16};
+#[cfg(feature = "cust")]
+pub use half1;
 pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
 pub use module::{Kernel, KernelResources, PTX};
 pub use plan::{num_splits_heuristic, MIN_KEY_BLOCKS_PER_SPLIT};
-pub use tensor::{Element, Tensor, TensorMut};
+pub use stream::{LaunchStream, RawStream};
+pub use tensor::{DeviceView, DeviceViewMut, Element, Tensor, TensorMut};
 pub use validate::{
     AttentionParams, Layout, Placed, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN, SUPPORTED_HEAD_DIMS,
 };

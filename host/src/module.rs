@@ -2,17 +2,13 @@
 //! context, and every kernel of the ABI's table looked up once, so that a
 //! call neither formats names nor asks the driver for functions.
 
-use std::mem::ManuallyDrop;
+use std::ffi::{c_int, CString};
 
-use cust::context::CurrentContext;
-use cust::device::DeviceAttribute;
-use cust::function::BlockSize;
-use cust::module::Module;
-use cust::sys::{CUfunction, CUfunction_attribute};
 use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
 
 use crate::context::ContextRef;
-use crate::error::{driver_call, Error, Result};
+use crate::driver::{self, check, driver, CUfunction, CUmodule};
+use crate::error::{Error, Result};
 
 /// The kernels' PTX (sm_80), built from `kernels/` by `cargo xtask build-ptx`.
 pub const PTX: &str = include_str!("../kernels.ptx");
@@ -63,7 +59,7 @@ pub struct KernelResources {
 /// The module loaded into a context, with its kernels.
 pub(crate) struct KernelModule {
     /// Owns the functions below; unloaded in `drop`, with `context` current.
-    module: ManuallyDrop<Module>,
+    module: CUmodule,
     /// Keeps the context alive until the module is unloaded.
     context: ContextRef,
     sm_count: usize,
@@ -74,42 +70,69 @@ pub(crate) struct KernelModule {
     append: CUfunction,
 }
 
+// SAFETY: the module and function handles are never changed after `load`,
+// and the driver API may be called with them from any thread (each call
+// makes the module's context current first); the module is unloaded once,
+// in `drop`.
+unsafe impl Send for KernelModule {}
+unsafe impl Sync for KernelModule {}
+
 impl KernelModule {
     /// Loads [`PTX`] into the current context. Fails with
     /// [`Error::UnsupportedDevice`] below compute capability 8.0.
     pub(crate) fn load() -> Result<Self> {
-        let device = CurrentContext::get_device()?;
-        let major = device.get_attribute(DeviceAttribute::ComputeCapabilityMajor)?;
-        let minor = device.get_attribute(DeviceAttribute::ComputeCapabilityMinor)?;
+        let d = driver()?;
+        let context = ContextRef::current()?;
+        let attribute = |which| {
+            let mut value: c_int = 0;
+            check("cuDeviceGetAttribute", unsafe { (d.device_get_attribute)(&mut value, which, context.device()) })
+                .map(|()| value)
+        };
+        let major = attribute(driver::DEVICE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attribute(driver::DEVICE_COMPUTE_CAPABILITY_MINOR)?;
         if major < 8 {
             return Err(Error::UnsupportedDevice { major, minor });
         }
-        let sm_count = device.get_attribute(DeviceAttribute::MultiprocessorCount)?.max(1) as usize;
-        let context = ContextRef::current()?;
-        let module = Module::from_ptx(PTX, &[])?;
-        let mut attention = Vec::with_capacity(ATTENTION_KERNELS.len());
+        let sm_count = attribute(driver::DEVICE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
+        // The driver reads the PTX as a NUL-terminated string.
+        let image = CString::new(PTX).expect("the PTX has no NUL byte");
+        let mut module: CUmodule = std::ptr::null_mut();
+        check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut module, image.as_ptr().cast()) })?;
+        // From here on, `loaded` unloads the module if a lookup fails.
+        let mut loaded = Self {
+            module,
+            context,
+            sm_count,
+            attention: Vec::with_capacity(ATTENTION_KERNELS.len()),
+            combine: [std::ptr::null_mut(); 2],
+            append: std::ptr::null_mut(),
+        };
         for kernel in ATTENTION_KERNELS {
             let config = kernel.config;
-            let function = module.get_function(kernel.name)?;
+            let function = loaded.get_function(kernel.name)?;
             // Allow more than the default 48 KiB of dynamic shared memory.
-            let status = unsafe {
-                cust::sys::cuFuncSetAttribute(
-                    function.to_raw(),
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    config.smem_bytes() as i32,
-                )
-            };
-            driver_call("cuFuncSetAttribute", status)?;
-            let blocks_per_sm = function
-                .max_active_blocks_per_multiprocessor(BlockSize::x(config.threads()), config.smem_bytes() as usize)?
-                as usize;
-            attention.push(LoadedKernel { function: function.to_raw(), blocks_per_sm });
+            let smem = config.smem_bytes();
+            check("cuFuncSetAttribute", unsafe {
+                (d.func_set_attribute)(function, driver::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as c_int)
+            })?;
+            let mut blocks_per_sm: c_int = 0;
+            check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+                (d.occupancy_max_active_blocks)(&mut blocks_per_sm, function, config.threads() as c_int, smem as usize)
+            })?;
+            loaded.attention.push(LoadedKernel { function, blocks_per_sm: blocks_per_sm.max(0) as usize });
         }
-        let combine =
-            [Dtype::F16, Dtype::Bf16].map(|dtype| module.get_function(combine_kernel(dtype)).map(|f| f.to_raw()));
-        let [f16, bf16] = combine;
-        let append = module.get_function(APPEND_KERNEL)?.to_raw();
-        Ok(Self { module: ManuallyDrop::new(module), context, sm_count, attention, combine: [f16?, bf16?], append })
+        loaded.combine =
+            [loaded.get_function(combine_kernel(Dtype::F16))?, loaded.get_function(combine_kernel(Dtype::Bf16))?];
+        loaded.append = loaded.get_function(APPEND_KERNEL)?;
+        Ok(loaded)
+    }
+
+    fn get_function(&self, name: &str) -> Result<CUfunction> {
+        let d = driver()?;
+        let name = CString::new(name).expect("kernel names have no NUL byte");
+        let mut function: CUfunction = std::ptr::null_mut();
+        check("cuModuleGetFunction", unsafe { (d.module_get_function)(&mut function, self.module, name.as_ptr()) })?;
+        Ok(function)
     }
 
     /// The context the module lives in.
@@ -146,10 +169,10 @@ impl KernelModule {
     /// Every attention kernel as the driver compiled it, sorted by name.
     pub(crate) fn resources(&self) -> Result<Vec<KernelResources>> {
         let attribute = |function: CUfunction, which| {
-            let mut value = 0i32;
+            let mut value: c_int = 0;
             // SAFETY: `function` belongs to the module `self` owns.
-            let status = unsafe { cust::sys::cuFuncGetAttribute(&mut value, which, function) };
-            driver_call("cuFuncGetAttribute", status).map(|()| value as u32)
+            let status = unsafe { (driver()?.func_get_attribute)(&mut value, which, function) };
+            check("cuFuncGetAttribute", status).map(|()| value as u32)
         };
         let mut kernels = ATTENTION_KERNELS
             .iter()
@@ -157,8 +180,8 @@ impl KernelModule {
             .map(|(kernel, loaded)| {
                 Ok(KernelResources {
                     name: kernel.name.to_string(),
-                    registers: attribute(loaded.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-                    local_bytes: attribute(loaded.function, CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                    registers: attribute(loaded.function, driver::FUNC_NUM_REGS)?,
+                    local_bytes: attribute(loaded.function, driver::FUNC_LOCAL_SIZE_BYTES)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -170,8 +193,13 @@ impl KernelModule {
 impl Drop for KernelModule {
     fn drop(&mut self) {
         // SAFETY: `module` is not used again; the functions looked up from
-        // it are dropped with `self`.
-        self.context.with_current(|| unsafe { ManuallyDrop::drop(&mut self.module) });
+        // it are dropped with `self`. A failure (a broken context) cannot be
+        // reported from a destructor.
+        self.context.with_current(|| {
+            if let Ok(d) = driver() {
+                unsafe { (d.module_unload)(self.module) };
+            }
+        });
     }
 }
 

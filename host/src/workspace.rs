@@ -1,10 +1,8 @@
 //! Device scratch memory of the calls that need it: the split-KV partial
 //! outputs and the sequence lengths of a KV cache append.
 
-use cust::memory::DeviceBuffer;
-use cust::stream::Stream;
-
-use crate::context::ContextRef;
+use crate::context::DeviceAlloc;
+use crate::driver::{check, driver, CUdeviceptr, CUstream};
 use crate::error::Result;
 
 /// Reusable device scratch for [`FlashAttention::forward_kvcache`](crate::FlashAttention::forward_kvcache):
@@ -30,8 +28,8 @@ use crate::error::Result;
 /// [`FlashAttention`](crate::FlashAttention)).
 #[derive(Default)]
 pub struct Workspace {
-    /// The scratch and the context it was allocated in.
-    buffer: Option<(DeviceBuffer<u8>, ContextRef)>,
+    /// The scratch, which keeps the context it was allocated in alive.
+    buffer: Option<DeviceAlloc>,
 }
 
 impl Workspace {
@@ -42,7 +40,7 @@ impl Workspace {
 
     /// Bytes allocated.
     pub fn capacity(&self) -> usize {
-        self.buffer.as_ref().map_or(0, |(b, _)| b.len())
+        self.buffer.as_ref().map_or(0, DeviceAlloc::bytes)
     }
 
     /// The device address of at least `bytes` bytes of scratch, in the
@@ -50,24 +48,10 @@ impl Workspace {
     pub(crate) fn reserve(&mut self, bytes: usize) -> Result<u64> {
         if self.capacity() < bytes {
             // Free first (waiting for work that still uses it), then allocate.
-            self.free();
-            let context = ContextRef::current()?;
-            self.buffer = Some((unsafe { DeviceBuffer::uninitialized(bytes)? }, context));
+            self.buffer = None;
+            self.buffer = Some(DeviceAlloc::new(bytes)?);
         }
-        Ok(self.buffer.as_ref().map_or(0, |(b, _)| b.as_device_ptr().as_raw()))
-    }
-
-    /// Frees the scratch in its own context, then lets the context go.
-    fn free(&mut self) {
-        if let Some((buffer, context)) = self.buffer.take() {
-            context.with_current(|| drop(buffer));
-        }
-    }
-}
-
-impl Drop for Workspace {
-    fn drop(&mut self) {
-        self.free();
+        Ok(self.buffer.as_ref().map_or(0, DeviceAlloc::addr))
     }
 }
 
@@ -78,12 +62,12 @@ pub(crate) enum Scratch<'a> {
     /// Allocated on the call's stream and freed on it after the call's
     /// kernels (stream-ordered, `cuMemAllocAsync` / `cuMemFreeAsync`): no
     /// synchronization, and nothing kept between calls.
-    PerCall { stream: &'a Stream, buffer: Option<DeviceBuffer<u8>> },
+    PerCall { stream: CUstream, buffer: Option<(CUdeviceptr, usize)> },
 }
 
-impl<'a> Scratch<'a> {
+impl Scratch<'_> {
     /// Scratch allocated for one call on `stream`.
-    pub(crate) fn per_call(stream: &'a Stream) -> Self {
+    pub(crate) fn per_call(stream: CUstream) -> Self {
         Scratch::PerCall { stream, buffer: None }
     }
 
@@ -92,13 +76,16 @@ impl<'a> Scratch<'a> {
         match self {
             Scratch::Workspace(workspace) => workspace.reserve(bytes),
             Scratch::PerCall { stream, buffer } => {
-                if buffer.as_ref().map_or(0, |b| b.len()) < bytes {
-                    if let Some(old) = buffer.take() {
-                        old.drop_async(stream)?;
+                if buffer.map_or(0, |(_, len)| len) < bytes {
+                    let d = driver()?;
+                    if let Some((old, _)) = buffer.take() {
+                        check("cuMemFreeAsync", unsafe { (d.mem_free_async)(old, *stream) })?;
                     }
-                    *buffer = Some(unsafe { DeviceBuffer::uninitialized_async(bytes, stream)? });
+                    let mut addr: CUdeviceptr = 0;
+                    check("cuMemAllocAsync", unsafe { (d.mem_alloc_async)(&mut addr, bytes, *stream) })?;
+                    *buffer = Some((addr, bytes));
                 }
-                Ok(buffer.as_ref().map_or(0, |b| b.as_device_ptr().as_raw()))
+                Ok(buffer.map_or(0, |(addr, _)| addr))
             }
         }
     }
@@ -106,11 +93,11 @@ impl<'a> Scratch<'a> {
 
 impl Drop for Scratch<'_> {
     fn drop(&mut self) {
-        if let Scratch::PerCall { stream, buffer } = self {
-            if let Some(buffer) = buffer.take() {
-                // Freed once the stream has run the call's kernels. This fails
-                // only with a broken context, and a destructor cannot report it.
-                let _ = buffer.drop_async(stream);
+        if let Scratch::PerCall { stream, buffer: Some((addr, _)) } = *self {
+            // Freed once the stream has run the call's kernels. This fails
+            // only with a broken context, and a destructor cannot report it.
+            if let Ok(d) = driver() {
+                unsafe { (d.mem_free_async)(addr, stream) };
             }
         }
     }

@@ -11,10 +11,10 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use flash_attn::cust::memory::{DeviceCopy, DevicePointer, DeviceSlice};
+use flash_attn::cust::memory::DeviceCopy;
 use flash_attn::pipeline::{plan, Call, KernelArgs, Launch, OutputAddrs, Outputs, Plan};
 use flash_attn::reference::{self, ReferenceProblem};
-use flash_attn::{AttentionKernel, AttentionParams, Kernel, Layout, Placed};
+use flash_attn::{AttentionKernel, AttentionParams, DeviceView, Kernel, Layout, Placed};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
 use flash_attn_kernels::entry;
 
@@ -221,13 +221,13 @@ impl<'a> Memory<'a> {
         placed
     }
 
-    /// An input in host memory as the device slice [`AttentionParams`]
+    /// An input in host memory as the device view [`AttentionParams`]
     /// takes (ALiBi slopes); validation only reads its address and length.
-    pub fn slice<T: DeviceCopy>(&mut self, name: &'static str, data: &'a [T]) -> DeviceSlice<T> {
+    pub fn slice<T: DeviceCopy>(&mut self, name: &'static str, data: &'a [T]) -> DeviceView<'a, T> {
         let addr = self.input(name, data);
         // SAFETY: a view of host memory that nothing dereferences on the
         // host; the emulated kernels read it through the region above.
-        unsafe { DeviceSlice::from_raw_parts(DevicePointer::from_raw(addr), data.len()) }
+        unsafe { DeviceView::from_raw(addr, data.len()) }
     }
 
     /// The regions of one launch: each buffer writable only where its role

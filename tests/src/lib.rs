@@ -5,10 +5,12 @@
 //! tests, the cross-check and the `emulate` example.
 
 use flash_attn::cust::context::Context;
+use flash_attn::cust::memory::DeviceCopy;
 use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
 use flash_attn::cust::stream::{Stream, StreamFlags};
+use flash_attn::half1::{bf16, f16};
 use flash_attn::reference::{self, ReferenceOutput, ReferenceProblem};
-use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor, TensorMut};
+use flash_attn::{AttentionParams, Element, FlashAttention, Tensor, TensorMut};
 use rand::Rng;
 
 pub mod emulator;
@@ -20,7 +22,7 @@ pub mod emulator;
 pub const TEST_PTX: &str = include_str!("../test-kernels.ptx");
 
 /// An element type under test: conversions and the error budget.
-pub trait TestElement: Element + Copy + Default {
+pub trait TestElement: Element + DeviceCopy + Copy + Default {
     /// Largest relative L2 error of O allowed against the f64 reference.
     const O_TOLERANCE: f64;
     /// A bit pattern that is NaN, to poison outputs.
@@ -162,7 +164,7 @@ fn offset([b, s, h, d]: [usize; 4], strides: [usize; 4]) -> usize {
     b * strides[0] + s * strides[1] + h * strides[2] + d * strides[3]
 }
 
-fn span(shape: [usize; 4], strides: [usize; 4]) -> usize {
+pub fn span(shape: [usize; 4], strides: [usize; 4]) -> usize {
     offset(shape.map(|n| n - 1), strides) + 1
 }
 
@@ -368,12 +370,12 @@ macro_rules! f16_and_bf16_tests {
     ($f16:ident, $bf16:ident: $run:ident($($arg:expr),* $(,)?)) => {
         #[test]
         fn $f16() {
-            $run::<::flash_attn::f16>(stringify!($f16) $(, $arg)*);
+            $run::<::flash_attn::half1::f16>(stringify!($f16) $(, $arg)*);
         }
 
         #[test]
         fn $bf16() {
-            $run::<::flash_attn::bf16>(stringify!($bf16) $(, $arg)*);
+            $run::<::flash_attn::half1::bf16>(stringify!($bf16) $(, $arg)*);
         }
     };
 }

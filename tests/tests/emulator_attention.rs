@@ -254,7 +254,7 @@ fn check(case: &Case) -> Plan {
             softmax_scale: None,
             window: case.window,
             softcap: case.softcap,
-            alibi_slopes: slopes.as_ref(),
+            alibi_slopes: slopes,
             num_splits: case.num_splits,
         };
         let q = memory.tensor("q", &q);

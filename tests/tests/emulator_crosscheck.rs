@@ -10,8 +10,9 @@ use flash_attn::cust::function::{BlockSize, GridSize};
 use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
+use flash_attn::half1::{bf16, f16};
 use flash_attn::ATTENTION_KERNELS;
-use flash_attn::{bf16, f16, AttentionParams, Element, FlashAttention, Tensor};
+use flash_attn::{AttentionParams, Element, FlashAttention, Tensor};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
 use flash_attn_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
 use flash_attn_tests::emulator::{self, Tensor as HostTensor};
@@ -266,7 +267,7 @@ fn primitives_match_the_gpu() {
     assert!(lg2_err <= 2f64.powi(-22), "lg2.approx differs by {lg2_err:.2e}");
 }
 
-fn gpu_forward<T: Element>(
+fn gpu_forward<T: Element + flash_attn::cust::memory::DeviceCopy>(
     attention: &FlashAttention,
     to: fn(u16) -> T,
     from: fn(T) -> u16,

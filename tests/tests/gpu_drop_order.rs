@@ -10,7 +10,8 @@ use std::process::Command;
 use flash_attn::cust::context::Context;
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::{f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, Output, Tensor, Workspace};
+use flash_attn::half1::f16;
+use flash_attn::{AttentionParams, CacheSeqlens, FlashAttention, KvCache, Output, Tensor, Workspace};
 use flash_attn_tests::gpu;
 
 /// Set in the child's environment: run the worst order and exit.

@@ -7,9 +7,10 @@
 
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::stream::{Stream, StreamFlags};
+use flash_attn::half1::{bf16, f16};
 use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
 use flash_attn::{
-    bf16, f16, AttentionParams, BlockTable, CacheSeqlens, Element, FlashAttention, KvCache, SeqOffsets, Tensor,
+    AttentionParams, BlockTable, CacheSeqlens, DeviceView, Element, FlashAttention, KvCache, SeqOffsets, Tensor,
     TensorMut, Workspace,
 };
 use flash_attn_tests::{
@@ -49,7 +50,7 @@ impl Features {
             softmax_scale: None,
             window: self.window,
             softcap: self.softcap,
-            alibi_slopes: slopes.map(|s| &**s),
+            alibi_slopes: slopes.map(DeviceView::from),
             num_splits: self.num_splits,
         }
     }

@@ -2,7 +2,7 @@
 //! sequence lengths, ragged tails, causal masking, GQA, both element types,
 //! every head dim and strided layouts. Skipped, saying why, without a GPU.
 
-use flash_attn::{bf16, f16};
+use flash_attn::half1::{bf16, f16};
 use flash_attn_tests::{f16_and_bf16_tests, gpu, left_out_of_this_run, run_case, Case, Placement, TestElement};
 
 /// (seqlen_q, seqlen_k) pairs: ragged tails around the 64-row tiles, both

@@ -515,7 +515,7 @@ mod tests {
     fn rejects_alibi_slopes_over_a_cache_appended_to() {
         let over_cache = device_slice::<f32>(16 * MIB + 4096, 8);
         let mut call = Call::dense().appending(1);
-        let params = AttentionParams { alibi_slopes: Some(&over_cache), ..AttentionParams::default() };
+        let params = AttentionParams { alibi_slopes: Some(over_cache), ..AttentionParams::default() };
         // `Call` holds 'static params: run the same call with these.
         let cache = CacheArgs {
             k: call.k,

@@ -3,13 +3,12 @@
 
 use std::ops::Range;
 
-use cust::memory::DeviceSlice;
-
 use flash_attn_abi::kernels::Dtype;
 
 use crate::call::{Alibi, Call, LseLayout, Mask, Outputs, Problem, Sequences, TensorAt, MAX_SPLITS};
 use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
+use crate::tensor::DeviceView;
 
 mod kvcache;
 mod varlen;
@@ -97,7 +96,7 @@ pub struct Placed {
 /// let capped = AttentionParams { softcap: Some(50.0), ..Default::default() };
 /// // ALiBi, one slope per query head (device memory, f32).
 /// let slopes = flash_attn::cust::memory::DeviceBuffer::from_slice(&[0.5f32, 0.25, 0.125, 0.0625])?;
-/// let alibi = AttentionParams { causal: true, alibi_slopes: Some(&slopes), ..Default::default() };
+/// let alibi = AttentionParams { causal: true, alibi_slopes: Some((&slopes).into()), ..Default::default() };
 /// // No split-KV, whatever the heuristic would choose.
 /// let unsplit = AttentionParams { num_splits: Some(1), ..Default::default() };
 /// # let _ = (local, capped, alibi, unsplit);
@@ -123,7 +122,7 @@ pub struct AttentionParams<'a> {
     /// (`[heads_q]`) or one per batch and query head (`[batch, heads_q]`).
     /// Query `i` of head `h` adds `-slope[h] * |i + seqlen_k - seqlen_q - j|`
     /// to its score for key `j`.
-    pub alibi_slopes: Option<&'a DeviceSlice<f32>>,
+    pub alibi_slopes: Option<DeviceView<'a, f32>>,
     /// Split-KV: how many CTAs share the keys of each query block (their
     /// partial results are then merged by a second kernel). `None` lets
     /// [`num_splits_heuristic`](crate::num_splits_heuristic) choose;
@@ -386,7 +385,7 @@ pub(crate) fn features(
             } else {
                 return Err(Error::AlibiSlopesLength { len, heads_q, batch });
             };
-            let addr = slopes.as_device_ptr().as_raw();
+            let addr = slopes.addr;
             check_aliasing(outputs, &[bytes("alibi_slopes", addr, len, 4)])?;
             Some(Alibi { addr, batch_stride })
         }
@@ -474,9 +473,9 @@ pub(crate) mod tests_support {
         t.buffer_len = t.layout.span().unwrap();
     }
 
-    /// A device slice at a made-up address (never dereferenced).
-    pub(crate) fn device_slice<T: cust::memory::DeviceCopy>(addr: u64, len: usize) -> DeviceSlice<T> {
-        unsafe { DeviceSlice::from_raw_parts(cust::memory::DevicePointer::from_raw(addr), len) }
+    /// A device view at a made-up address (never dereferenced).
+    pub(crate) fn device_slice<T>(addr: u64, len: usize) -> DeviceView<'static, T> {
+        unsafe { DeviceView::from_raw(addr, len) }
     }
 
     /// A validated call as its kernels receive it: planned without a split
@@ -896,19 +895,19 @@ mod tests {
     fn rejects_alibi_slopes_over_an_output() {
         let mut call = Call::new(64);
         let over_lse = device_slice::<f32>(call.lse_addr, 8);
-        call.params.alibi_slopes = Some(&over_lse);
+        call.params.alibi_slopes = Some(over_lse);
         let err = call.run().unwrap_err();
         assert_eq!(err, Error::Aliasing { output: "lse", other: "alibi_slopes" });
         assert_eq!(err.to_string(), "lse overlaps alibi_slopes: an output may share memory with no other argument");
         let over_o = device_slice::<f32>(call.o.addr + 1024, 2 * 8);
-        call.params.alibi_slopes = Some(&over_o);
+        call.params.alibi_slopes = Some(over_o);
         assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "o", other: "alibi_slopes" });
         // Right after the lse: fine. Over an input: fine (both are read).
         let after_lse = device_slice::<f32>(call.lse_addr + 4 * call.lse_len as u64, 8);
-        call.params.alibi_slopes = Some(&after_lse);
+        call.params.alibi_slopes = Some(after_lse);
         assert!(call.run().is_ok());
         let over_q = device_slice::<f32>(call.q.addr, 8);
-        call.params.alibi_slopes = Some(&over_q);
+        call.params.alibi_slopes = Some(over_q);
         assert!(call.run().is_ok());
     }
 
@@ -918,13 +917,13 @@ mod tests {
         let per_batch = device_slice::<f32>(81 * MIB, 2 * 8);
         let odd = device_slice::<f32>(82 * MIB, 9);
         let mut call = Call::new(64);
-        call.params.alibi_slopes = Some(&per_head);
+        call.params.alibi_slopes = Some(per_head);
         let (args, _) = call.run().unwrap();
         assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (80 * MIB, 0));
-        call.params.alibi_slopes = Some(&per_batch);
+        call.params.alibi_slopes = Some(per_batch);
         let (args, _) = call.run().unwrap();
         assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (81 * MIB, 8));
-        call.params.alibi_slopes = Some(&odd);
+        call.params.alibi_slopes = Some(odd);
         assert_eq!(call.run().unwrap_err(), Error::AlibiSlopesLength { len: 9, heads_q: 8, batch: 2 });
         let (plain, _) = Call::new(64).run().unwrap();
         assert!(plain.alibi_slopes.is_null());

@@ -231,7 +231,7 @@ mod tests {
         // 4 sequences * 8 heads slopes.
         let slopes = device_slice::<f32>(90 * MIB, 32);
         let mut call = Call::new();
-        call.params.alibi_slopes = Some(&slopes);
+        call.params.alibi_slopes = Some(slopes);
         let (args, _) = call.run().unwrap();
         assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (90 * MIB, 8));
     }

@@ -69,9 +69,8 @@ use flash_attn::cust::function::{BlockSize, Function, GridSize};
 use flash_attn::cust::memory::{DeviceBuffer, DeviceSlice};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::{
-    bf16, f16, AttentionParams, CacheSeqlens, FlashAttention, KvCache, SeqOffsets, Tensor, TensorMut, Workspace,
-};
+use flash_attn::half1::{bf16, f16};
+use flash_attn::{AttentionParams, CacheSeqlens, FlashAttention, KvCache, SeqOffsets, Tensor, TensorMut, Workspace};
 use flash_attn_tests::{normal, TestElement, TEST_PTX};
 
 mod hot;
