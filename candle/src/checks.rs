@@ -15,7 +15,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// else the next one that has (q, k and v padded with zeros, which changes
 /// neither `q k^T` nor the kept columns of the output).
 pub fn kernel_head_dim(head_dim: usize) -> Result<usize> {
-    if head_dim == 0 || head_dim > MAX_HEAD_DIM || head_dim % 8 != 0 {
+    if head_dim == 0 || head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(8) {
         bail!(
             "flash-attn-candle: head_dim {head_dim} is not supported: a multiple of 8 up to {MAX_HEAD_DIM} \
              (kernels for {KERNEL_HEAD_DIMS:?}, others padded)"
@@ -57,7 +57,7 @@ fn rank(name: &str, t: &Tensor, want: usize, layout: &str) -> Result<()> {
 }
 
 fn heads(heads_q: usize, heads_kv: usize) -> Result<()> {
-    if heads_kv == 0 || heads_q % heads_kv != 0 {
+    if heads_kv == 0 || !heads_q.is_multiple_of(heads_kv) {
         bail!("flash-attn-candle: number of k/v heads {heads_kv} must divide number of heads in query {heads_q}")
     }
     Ok(())
@@ -187,8 +187,8 @@ pub fn check_cuda(tensors: &[(&str, &Tensor)]) -> Result<()> {
 fn aligned(t: &Tensor) -> bool {
     let (storage, layout) = t.storage_and_layout();
     let rank = layout.dims().len();
-    let aligned = layout.start_offset() % 8 == 0
-        && layout.dims()[..rank - 1].iter().zip(layout.stride()).all(|(&n, &s)| n <= 1 || s % 8 == 0);
+    let aligned = layout.start_offset().is_multiple_of(8)
+        && layout.dims()[..rank - 1].iter().zip(layout.stride()).all(|(&n, &s)| n <= 1 || s.is_multiple_of(8));
     drop(storage);
     aligned
 }

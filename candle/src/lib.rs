@@ -24,8 +24,9 @@
 //!
 //! Beyond candle-flash-attn: [`flash_attn_with_lse`] and
 //! [`flash_attn_varlen_with_lse`] return the log-sum-exp too (for merging
-//! partial attentions), and [`flash_attn_kvcache`] attends over a KV cache,
-//! contiguous or paged, for decoding.
+//! partial attentions), [`flash_attn_kvcache`] attends over a KV cache,
+//! contiguous or paged, for decoding, and [`flash_attn_kvcache_append`]
+//! first writes the new keys and values into it.
 //!
 //! Differences from candle-flash-attn: `seqlens_q` / `seqlens_k` of the
 //! variable-length functions are read back to the host (flash-attn

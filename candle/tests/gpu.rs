@@ -106,11 +106,11 @@ fn reference(
     let mut bias = vec![0f32; hq * sq * sk];
     let mut row_sees = vec![0f32; sq];
     for h in 0..hq {
-        for i in 0..sq {
+        for (i, sees) in row_sees.iter_mut().enumerate() {
             for j in 0..sk {
                 let at = (h * sq + i) * sk + j;
                 if mask.allows(i, j, sq, sk) {
-                    row_sees[i] = 1.0;
+                    *sees = 1.0;
                     if let Some(slopes) = alibi {
                         let dist = (i as i64 + sk as i64 - sq as i64 - j as i64).abs();
                         bias[at] = -slopes[h] * dist as f32;
