@@ -51,7 +51,7 @@ fn main() -> Result<()> {
     let device = match Device::new_cuda(0) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("bench: no usable CUDA GPU ({e})");
+            eprintln!("bench: no usable CUDA GPU ({})", e.to_string().lines().next().unwrap_or_default());
             return Ok(());
         }
     };
