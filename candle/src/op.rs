@@ -335,3 +335,25 @@ impl candle_core::CustomOp3 for FlashAttnOp {
         Ok((out.o, out.o_shape))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::dims_and_strides;
+    use candle_core::Layout;
+
+    #[test]
+    fn packed_tensors_are_batch_one_and_size_one_dims_get_contiguous_strides() {
+        // [total, heads, d] contiguous: [1, total, heads, d].
+        let (d, s) = dims_and_strides(&Layout::contiguous((10, 4, 64)));
+        assert_eq!((d, s), ([1, 10, 4, 64], [2560, 256, 64, 1]));
+        // q of a fused qkv projection, [2, 5, 4, 64] of rows of 12 heads.
+        let l = Layout::contiguous((2, 5, 12, 64)).narrow(2, 4, 4).unwrap();
+        assert_eq!(dims_and_strides(&l), ([2, 5, 4, 64], [3840, 768, 64, 1]));
+        assert_eq!(l.start_offset(), 256);
+        // One query row of a heads-major tensor (decoding): its seqlen
+        // stride (64) is irrelevant, and made the contiguous one.
+        let l = Layout::contiguous((3, 4, 7, 64)).transpose(1, 2).unwrap().narrow(1, 6, 1).unwrap();
+        assert_eq!(l.stride(), [1792, 64, 448, 1]);
+        assert_eq!(dims_and_strides(&l), ([3, 1, 4, 64], [1792, 256, 448, 1]));
+    }
+}

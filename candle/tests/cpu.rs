@@ -160,3 +160,25 @@ fn kvcache_append_arguments_are_checked() {
     );
     contains(&err(call(&cache, &t(&[2, 1, 2, 64], DType::BF16), &[5, 7])), "q is F16 but k is BF16");
 }
+
+/// Every candle-flash-attn 0.11 function this crate replaces, with its exact
+/// signature: a program that calls them compiles unchanged.
+#[test]
+#[allow(clippy::type_complexity)]
+fn signatures_are_candle_flash_attn_s() {
+    type T = Tensor;
+    let _: fn(&T, &T, &T, f32, bool) -> Result<T> = fa::flash_attn;
+    let _: fn(&T, &T, &T, f32, Option<usize>, Option<usize>) -> Result<T> = fa::flash_attn_windowed;
+    let _: fn(&T, &T, &T, &T, f32, bool) -> Result<T> = fa::flash_attn_alibi;
+    let _: fn(&T, &T, &T, &T, f32, Option<usize>, Option<usize>) -> Result<T> = fa::flash_attn_alibi_windowed;
+    let _: fn(&T, &T, &T, Option<&T>, f32, Option<usize>, Option<usize>, f32) -> Result<T> =
+        fa::flash_attn_alibi_windowed_softcap;
+    let _: fn(&T, &T, &T, &T, &T, usize, usize, f32, bool) -> Result<T> = fa::flash_attn_varlen;
+    let _: fn(&T, &T, &T, &T, &T, usize, usize, f32, Option<usize>, Option<usize>) -> Result<T> =
+        fa::flash_attn_varlen_windowed;
+    let _: fn(&T, &T, &T, &T, &T, &T, usize, usize, f32, bool) -> Result<T> = fa::flash_attn_varlen_alibi;
+    let _: fn(&T, &T, &T, &T, &T, &T, usize, usize, f32, Option<usize>, Option<usize>) -> Result<T> =
+        fa::flash_attn_varlen_alibi_windowed;
+    let _: fn(&T, &T, &T, Option<&T>, &T, &T, usize, usize, f32, Option<usize>, Option<usize>, f32) -> Result<T> =
+        fa::flash_attn_varlen_alibi_windowed_softcap;
+}
