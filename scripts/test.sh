@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite, from a fresh clone: installs what it needs (scripts/setup.sh),
-# then checks formatting, lints, that the committed PTX is fresh and spill-free
+# and what the candle crate needs (scripts/candle-setup.sh), then checks
+# formatting, lints, that the committed PTX is fresh and spill-free
 # (ptxas), and runs every test. The GPU tests run on a GPU and otherwise print
 # that they were skipped and why; everything else asserts on the CPU, including
 # the kernels' own code run on the CPU emulator through the host's pipeline
@@ -11,6 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
+# The candle crate (candle/) builds candle-core's `cuda` feature: nvcc and
+# the CUDA libraries it links, from PyPI wheels, and a libcuda stub.
+. scripts/candle-setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all --check
 (cd kernels && cargo fmt --check)

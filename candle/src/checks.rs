@@ -1,0 +1,231 @@
+//! Argument checks on candle tensors that need no GPU: dtypes, ranks,
+//! shapes, then the device. Each error names the argument, as
+//! candle-flash-attn's do.
+
+use candle_core::{bail, DType, Result, Tensor};
+
+/// The head dims flash-attn has kernels for.
+pub const KERNEL_HEAD_DIMS: [usize; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
+
+/// Largest head dim accepted: smaller ones that have no kernel are padded
+/// with zeros up to the next one that has.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The head dim a call runs at: `head_dim` itself when it has a kernel,
+/// else the next one that has (q, k and v padded with zeros, which changes
+/// neither `q k^T` nor the kept columns of the output).
+pub fn kernel_head_dim(head_dim: usize) -> Result<usize> {
+    if head_dim == 0 || head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(8) {
+        bail!(
+            "flash-attn-candle: head_dim {head_dim} is not supported: a multiple of 8 up to {MAX_HEAD_DIM} \
+             (kernels for {KERNEL_HEAD_DIMS:?}, others padded)"
+        )
+    }
+    Ok(KERNEL_HEAD_DIMS.into_iter().find(|&d| d >= head_dim).expect("head_dim <= 256"))
+}
+
+/// q, k and v are f16 or bf16, all the same.
+pub fn check_dtypes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<DType> {
+    let dtype = q.dtype();
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        bail!("flash-attn-candle: flash-attn is only supported for f16/bf16 (q is {dtype:?})")
+    }
+    for (name, t) in [("k", k), ("v", v)] {
+        if t.dtype() != dtype {
+            bail!("flash-attn-candle: dtype mismatch: q is {dtype:?} but {name} is {:?}", t.dtype())
+        }
+    }
+    Ok(dtype)
+}
+
+/// The sizes of a dense call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+}
+
+fn rank(name: &str, t: &Tensor, want: usize, layout: &str) -> Result<()> {
+    if t.rank() != want {
+        bail!("flash-attn-candle: {name} must have rank {want} {layout}, got shape {:?}", t.dims())
+    }
+    Ok(())
+}
+
+fn heads(heads_q: usize, heads_kv: usize) -> Result<()> {
+    if heads_kv == 0 || !heads_q.is_multiple_of(heads_kv) {
+        bail!("flash-attn-candle: number of k/v heads {heads_kv} must divide number of heads in query {heads_q}")
+    }
+    Ok(())
+}
+
+/// q `[batch, seqlen_q, heads_q, d]`, k and v `[batch, seqlen_k, heads_kv, d]`.
+pub fn check_dense(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
+    const LAYOUT: &str = "[batch, seqlen, heads, head_dim]";
+    for (name, t) in [("q", q), ("k", k), ("v", v)] {
+        rank(name, t, 4, LAYOUT)?;
+    }
+    let (batch, seqlen_q, heads_q, head_dim) = q.dims4()?;
+    let (b_k, seqlen_k, heads_kv, d_k) = k.dims4()?;
+    if (b_k, d_k) != (batch, head_dim) {
+        bail!("flash-attn-candle: shape mismatch q {:?} and k {:?}", q.dims(), k.dims())
+    }
+    if v.dims() != k.dims() {
+        bail!("flash-attn-candle: shape mismatch k {:?} and v {:?}", k.dims(), v.dims())
+    }
+    heads(heads_q, heads_kv)?;
+    kernel_head_dim(head_dim)?;
+    Ok(Dims { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim })
+}
+
+/// q `[total_q, heads_q, d]`, k and v `[total_k, heads_kv, d]`: returns
+/// `(total_q, total_k, heads_q, heads_kv, head_dim)`.
+pub fn check_varlen(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize, usize)> {
+    const LAYOUT: &str = "[total_tokens, heads, head_dim]";
+    for (name, t) in [("q", q), ("k", k), ("v", v)] {
+        rank(name, t, 3, LAYOUT)?;
+    }
+    let (total_q, heads_q, head_dim) = q.dims3()?;
+    let (total_k, heads_kv, d_k) = k.dims3()?;
+    if d_k != head_dim {
+        bail!("flash-attn-candle: shape mismatch q {:?} and k {:?}", q.dims(), k.dims())
+    }
+    if v.dims() != k.dims() {
+        bail!("flash-attn-candle: shape mismatch k {:?} and v {:?}", k.dims(), v.dims())
+    }
+    heads(heads_q, heads_kv)?;
+    kernel_head_dim(head_dim)?;
+    Ok((total_q, total_k, heads_q, heads_kv, head_dim))
+}
+
+/// A KV cache: q `[batch, seqlen_q, heads_q, d]`, caches `[batch,
+/// capacity, heads_kv, d]`, or paged `[num_pages, page_size, heads_kv, d]`.
+/// Returns the dims with `seqlen_k` the capacity of one sequence's cache.
+pub fn check_kvcache(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    cache_seqlens: &[u32],
+    block_table: Option<(&[u32], usize)>,
+) -> Result<Dims> {
+    for (name, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] {
+        rank(name, t, 4, "[batch, seqlen, heads, head_dim]")?;
+    }
+    let (batch, seqlen_q, heads_q, head_dim) = q.dims4()?;
+    let (rows, row_len, heads_kv, d_k) = k_cache.dims4()?;
+    if d_k != head_dim {
+        bail!("flash-attn-candle: shape mismatch q {:?} and k_cache {:?}", q.dims(), k_cache.dims())
+    }
+    if v_cache.dims() != k_cache.dims() {
+        bail!("flash-attn-candle: shape mismatch k_cache {:?} and v_cache {:?}", k_cache.dims(), v_cache.dims())
+    }
+    heads(heads_q, heads_kv)?;
+    kernel_head_dim(head_dim)?;
+    if cache_seqlens.len() != batch {
+        bail!("flash-attn-candle: cache_seqlens has {} entries for a batch of {batch}", cache_seqlens.len())
+    }
+    let seqlen_k = match block_table {
+        None => {
+            if rows != batch {
+                bail!("flash-attn-candle: k_cache {:?} has {rows} sequences for a batch of {batch}", k_cache.dims())
+            }
+            row_len
+        }
+        Some((table, pages_per_seq)) => {
+            if table.len() != batch * pages_per_seq {
+                bail!(
+                    "flash-attn-candle: block_table has {} entries, not batch {batch} x pages_per_seq {pages_per_seq}",
+                    table.len()
+                )
+            }
+            pages_per_seq * row_len
+        }
+    };
+    if let Some(&len) = cache_seqlens.iter().find(|&&n| n as usize > seqlen_k) {
+        bail!("flash-attn-candle: cache_seqlens entry {len} exceeds the cache's {seqlen_k} keys per sequence")
+    }
+    Ok(Dims { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim })
+}
+
+/// ALiBi slopes: f32, `[heads_q]` or `[batch, heads_q]`.
+pub fn check_alibi(alibi_slopes: &Tensor, batch: usize, heads_q: usize) -> Result<()> {
+    if alibi_slopes.dtype() != DType::F32 {
+        bail!("flash-attn-candle: DType mismatch alibi_slopes {:?}, expected F32", alibi_slopes.dtype())
+    }
+    let dims = alibi_slopes.dims();
+    if dims != [heads_q] && dims != [batch, heads_q] {
+        bail!("flash-attn-candle: shape mismatch alibi_slopes {dims:?}, expected [{heads_q}] or [{batch}, {heads_q}]")
+    }
+    Ok(())
+}
+
+/// Every tensor is on the same CUDA device.
+pub fn check_cuda(tensors: &[(&str, &Tensor)]) -> Result<()> {
+    let first = tensors[0].1.device();
+    for (name, t) in tensors {
+        if !t.device().is_cuda() {
+            bail!("flash-attn-candle: {name} must be a CUDA tensor (it is on {:?})", t.device().location())
+        }
+        if !t.device().same_device(first) {
+            bail!(
+                "flash-attn-candle: {name} is on {:?}, not on {}'s device {:?}",
+                t.device().location(),
+                tensors[0].0,
+                first.location()
+            )
+        }
+    }
+    Ok(())
+}
+
+/// Whether the kernels can address `t` where it lies: the start offset and
+/// the strides of its dims of more than one element multiples of 8.
+fn aligned(t: &Tensor) -> bool {
+    let (storage, layout) = t.storage_and_layout();
+    let rank = layout.dims().len();
+    let aligned = layout.start_offset().is_multiple_of(8)
+        && layout.dims()[..rank - 1].iter().zip(layout.stride()).all(|(&n, &s)| n <= 1 || s.is_multiple_of(8));
+    drop(storage);
+    aligned
+}
+
+/// A tensor the kernels write in place (a KV cache appended to): its head
+/// dim has a kernel, its last dim is contiguous and its layout aligned.
+pub fn in_place(name: &str, t: &Tensor) -> Result<()> {
+    let head_dim = t.dim(candle_core::D::Minus1)?;
+    if kernel_head_dim(head_dim)? != head_dim {
+        bail!("flash-attn-candle: appending to {name} needs a head_dim with a kernel ({KERNEL_HEAD_DIMS:?}), got {head_dim}")
+    }
+    let stride = t.stride();
+    if stride[stride.len() - 1] != 1 || !aligned(t) {
+        bail!(
+            "flash-attn-candle: {name} is written in place: its last dim must be contiguous and its other strides and start \
+             offset multiples of 8 elements (strides {stride:?})"
+        )
+    }
+    Ok(())
+}
+
+/// A tensor the kernels can read in place: the last dim contiguous (an
+/// error otherwise, as in candle-flash-attn), the other strides and the
+/// start offset multiples of 8 elements (16 bytes; copied into a
+/// contiguous tensor otherwise), the head dim padded to one with a kernel.
+pub fn prepare(name: &str, t: &Tensor, padded_head_dim: usize) -> Result<Tensor> {
+    let stride = t.stride();
+    let rank = stride.len();
+    if t.dims()[rank - 1] > 1 && stride[rank - 1] != 1 {
+        bail!("flash-attn-candle: the last dim of {name} must be contiguous {stride:?}")
+    }
+    let head_dim = t.dims()[rank - 1];
+    let t =
+        if padded_head_dim > head_dim { t.pad_with_zeros(rank - 1, 0, padded_head_dim - head_dim)? } else { t.clone() };
+    if aligned(&t) {
+        Ok(t)
+    } else {
+        t.force_contiguous()
+    }
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds the candle crate's GPU tests and benchmark (release) into
+# gpu-bundle-candle/, with a runner for a GPU machine that has no Rust:
+#   bash scripts/candle-gpu-bundle.sh            # here
+#   bash gpu-bundle-candle/run.sh [ITERS]        # there (results in $OUT or gpu-bundle-candle/results)
+# Kept apart from `cargo xtask gpu-bundle`: these executables link
+# candle's CUDA libraries (cuBLAS, cuRAND, NVRTC, the runtime), which the
+# runner finds in the GPU image's Python wheels (nvidia/cu13/lib), and they
+# are built in their own cargo invocation, so that the flash-attn test
+# executables of the main bundle keep their features.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+. scripts/setup.sh
+. scripts/candle-setup.sh
+bundle="$root/gpu-bundle-candle"
+rm -rf "$bundle"
+mkdir -p "$bundle/bin"
+json="$(nice -n 15 cargo test --release --no-run --message-format=json -p flash-attn-candle --test gpu)"
+exe="$(printf '%s\n' "$json" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("executable") and m.get("profile", {}).get("test"):
+        print(m["executable"])
+')"
+cp "$exe" "$bundle/bin/test-candle-gpu"
+nice -n 15 cargo build --release -p flash-attn-candle --example bench
+cp target/release/examples/bench "$bundle/bin/bench-candle"
+cat > "$bundle/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# The candle crate's GPU tests and benchmark on a GPU machine (see
+# scripts/candle-gpu-bundle.sh). candle's CUDA libraries come from the
+# image's Python wheels; the driver's libcuda.so.1 from the system.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+results="${OUT:-$here/results}"
+mkdir -p "$results"
+[ -f "$here/bin.tar.gz" ] && { rm -rf "$here/bin"; tar xzf "$here/bin.tar.gz" -C "$here"; }
+libs="$(python3 - <<'PY'
+import os
+try:
+    import nvidia
+    for p in nvidia.__path__:
+        d = os.path.join(p, "cu13", "lib")
+        if os.path.exists(os.path.join(d, "libcublas.so.13")):
+            print(d)
+            break
+except ImportError:
+    pass
+PY
+)"
+[ -n "$libs" ] || libs="$(dirname "$(find / -name libcublas.so.13 -print -quit 2>/dev/null)")"
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "candle libraries: $libs"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results/gpu.txt"
+status=0
+"$here/bin/test-candle-gpu" --test-threads=1 2>&1 | tee "$results/tests.log" || status=1
+grep -q "^test result: ok" "$results/tests.log" || status=1
+"$here/bin/bench-candle" "${1:-20}" 2>&1 | tee "$results/bench.md" || status=1
+echo "candle GPU check: $([ $status = 0 ] && echo passed || echo FAILED)"
+exit $status
+EOF
+(cd "$bundle" && tar czf bin.tar.gz bin && rm -rf bin)
+echo "candle-gpu-bundle: $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine: bash gpu-bundle-candle/run.sh"

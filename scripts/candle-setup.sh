@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# What building the candle crate (candle/, package flash-attn-candle) needs,
+# installed idempotently into folders of the checkout, for a machine with no
+# CUDA toolkit and no GPU. Only that crate needs it: the flash-attn crates
+# themselves build with cargo alone.
+#
+# candle-core's `cuda` feature (0.11) needs, at build time:
+#   - nvcc, cicc, the CUDA headers and CCCL (thrust, cub): candle-kernels
+#     compiles its .cu files through cudaforge. The PyPI wheels of CUDA 12
+#     (nvidia-cuda-nvcc-cu12) hold ptxas only; the CUDA 13 wheels
+#     (nvidia-cuda-nvcc, nvidia-nvvm, nvidia-cuda-crt, nvidia-cuda-runtime,
+#     nvidia-cuda-cccl) are a whole nvcc. 13.0, the CUDA of the GPU machines'
+#     driver (580): PTX of a newer nvcc does not load on an older driver.
+#   - `nvcc --version` on PATH: candle-core asks cudarc for
+#     `cuda-version-from-build-system`.
+#   - the shared libraries it links (cudarc's `dynamic-linking`, which
+#     candle-core 0.11 enables and nothing can turn off): libcuda, libcublas,
+#     libcublasLt, libcurand, libnvrtc, and libcudart (candle-kernels).
+#     The wheels nvidia-cublas, nvidia-curand, nvidia-cuda-nvrtc give all but
+#     libcuda, for which a stub is generated (see below). A binary so linked
+#     needs them at run time too, even to start: on a machine without a
+#     driver the stub makes cuInit report no device, and the tests that need
+#     one skip.
+#
+# Source it (`. scripts/candle-setup.sh`) to export CUDA_HOME, CUDA_ROOT,
+# PATH, CUDA_COMPUTE_CAP (80 unless set: PTX for sm_80 that a newer GPU's
+# driver compiles) and LD_LIBRARY_PATH. On a machine with a CUDA toolkit
+# of its own, set CUDA_HOME first and this script installs nothing.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tools="$root/.tools"
+mkdir -p "$tools"
+
+if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ] && [ "${CUDA_HOME#"$tools"}" = "$CUDA_HOME" ]; then
+  echo "candle-setup: using the CUDA toolkit at CUDA_HOME=$CUDA_HOME" >&2
+else
+  venv="$tools/candle-venv"
+  wheels=(
+    "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-crt==13.0.88"
+    "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85"
+    "nvidia-cuda-nvrtc==13.0.88" "nvidia-curand==10.4.0.35" "nvidia-cublas==13.0.2.14"
+  )
+  stamp="$venv/.candle-wheels"
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "candle-setup: creating $venv" >&2
+    python3 -m venv "$venv" >&2
+  fi
+  if [ "$(cat "$stamp" 2>/dev/null)" != "${wheels[*]}" ]; then
+    echo "candle-setup: installing ${wheels[*]}" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check "${wheels[@]}" >&2
+    echo "${wheels[*]}" > "$stamp"
+  fi
+  CUDA_HOME="$(find "$venv" -path '*/nvidia/cu13/bin/nvcc' -type f | head -n1)"
+  CUDA_HOME="${CUDA_HOME%/bin/nvcc}"
+  # The linker wants unversioned names; the wheels ship the versioned ones.
+  for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13; do
+    [ -e "$CUDA_HOME/lib/${so%.so.*}.so" ] || ln -sf "$so" "$CUDA_HOME/lib/${so%.so.*}.so"
+  done
+fi
+export CUDA_HOME
+export PATH="$CUDA_HOME/bin${PATH:+:$PATH}"
+export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-80}"
+export LD_LIBRARY_PATH="$CUDA_HOME/lib:$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# libcuda. candle links it (cudarc's `dynamic-linking`) with the entry
+# points of the CUDA version of its bindings (nvcc's: 13.0 here), newer than
+# what Debian's libcuda1 (535, CUDA 12.2) exports, and its binaries bind
+# them at start (`-z now`). So the link, and the start of a binary on a
+# machine without a driver, use a stub generated here from the wheels'
+# cuda.h: every driver entry point, returning CUDA_ERROR_NO_DEVICE (100),
+# plus every `cu*` name of a link-time libcuda that scripts/setup.sh may
+# have put in .tools/cuda/lib64 (cust's), so that one libcuda.so.1 serves
+# both. With a driver installed, binaries load the driver's own.
+stub="$tools/candle-cuda-stub"
+system_driver=false
+if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then system_driver=true; fi
+if [ ! -e "$stub/lib64/libcuda.so.1" ] || [ "$CUDA_HOME/include/cuda.h" -nt "$stub/lib64/libcuda.so.1" ] \
+   || [ "$tools/cuda/lib64/libcuda.so.1" -nt "$stub/lib64/libcuda.so.1" ]; then
+  echo "candle-setup: generating a libcuda stub into $stub/lib64" >&2
+  mkdir -p "$stub/lib64"
+  {
+    for defines in "" "-D__CUDA_API_VERSION_INTERNAL" "-DCUDA_API_PER_THREAD_DEFAULT_STREAM"; do
+      # shellcheck disable=SC2086
+      gcc -E -P $defines -I"$CUDA_HOME/include" -x c "$CUDA_HOME/include/cuda.h"
+    done | tr '\n' ' ' | grep -oE 'CUresult +cu[A-Za-z0-9_]+ *\(' | sed -E 's/CUresult +//; s/ *\(//'
+    if [ -e "$tools/cuda/lib64/libcuda.so.1" ]; then
+      nm -D --defined-only "$tools/cuda/lib64/libcuda.so.1" | awk '{print $3}' | sed 's/@.*//' | grep -E '^cu'
+    fi
+  } | sort -u | grep -vxE 'cuGetErrorString|cuGetErrorName' > "$stub/symbols.txt"
+  {
+    echo '/* Generated by scripts/candle-setup.sh: a libcuda with no device. */'
+    echo 'int cuGetErrorString(int e, const char **s) { *s = "no CUDA-capable device is detected (libcuda stub of scripts/candle-setup.sh)"; return 0; }'
+    echo 'int cuGetErrorName(int e, const char **s) { *s = "CUDA_ERROR_NO_DEVICE"; return 0; }'
+    sed 's/.*/int &(void) { return 100; }/' "$stub/symbols.txt"
+  } > "$stub/libcuda_stub.c"
+  gcc -shared -fPIC -w -Wl,-soname,libcuda.so.1 -o "$stub/lib64/libcuda.so.1" "$stub/libcuda_stub.c"
+  ln -sf libcuda.so.1 "$stub/lib64/libcuda.so"
+fi
+export CUDA_ROOT="$stub"
+if ! $system_driver; then
+  export LD_LIBRARY_PATH="$stub/lib64:$LD_LIBRARY_PATH"
+fi
+echo "candle-setup: CUDA_HOME=$CUDA_HOME ($("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')), CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP, libcuda: $($system_driver && echo "the driver's" || echo "stub $stub/lib64")" >&2
