@@ -60,7 +60,14 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results
 status=0
 "$here/bin/test-candle-gpu" --test-threads=1 2>&1 | tee "$results/tests.log" || status=1
 grep -q "^test result: ok" "$results/tests.log" || status=1
+# The SM clock and board power over the benchmark (every 200 ms).
+nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 > "$results/clocks.csv" 2>/dev/null &
+monitor=$!
 "$here/bin/bench-candle" "${1:-20}" 2>&1 | tee "$results/bench.md" || status=1
+kill "$monitor" 2>/dev/null
+awk -F', *' '$1 > 0 { n++; c += $1; p += $2; if ($1 < cmin || n == 1) cmin = $1; if ($1 > cmax) cmax = $1; if ($2 > pmax) pmax = $2 }
+  END { if (n) printf "SM clock over the benchmark: mean %.0f MHz (%d-%d), power mean %.0f W (max %.0f), %d samples\n", c / n, cmin, cmax, p / n, pmax, n }' \
+  "$results/clocks.csv" | tee -a "$results/bench.md"
 echo "candle GPU check: $([ $status = 0 ] && echo passed || echo FAILED)"
 exit $status
 EOF

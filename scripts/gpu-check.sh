@@ -3,7 +3,8 @@
 # tests, compute-sanitizer's memcheck, synccheck, racecheck and initcheck
 # over every GPU test executable, and the benchmark beside torch's SDPA
 # flash (FlashAttention-2) and cuDNN backends.
-# Build the bundle first, here: `cargo xtask gpu-bundle`.
+# Build the bundle first, here: `cargo xtask gpu-bundle` (and, for the candle
+# crate's part, `bash scripts/candle-gpu-bundle.sh`, which it finds beside it).
 # usage: bash gpu-bundle/gpu-check.sh [--quick-bench] [--part tests|bench]
 #   (results in $OUT or gpu-bundle/results)
 # The full check is both parts. Where one command may not run long enough
@@ -100,6 +101,36 @@ if [ "$part" != bench ]; then
   [ "$sanitizers_failed" = 0 ] || sanitizers="FAILED ($sanitizers_failed of $sanitizer_runs runs)"
 fi
 
+# The candle crate (flash-attn-candle), when its bundle sits beside this one
+# (`bash scripts/candle-gpu-bundle.sh`): its GPU tests against candle's own
+# attention, the benchmark row of the candle op against the core call, and
+# the four sanitizers over its tests. racecheck instruments our kernels only
+# (kernel names with flash_): candle's and cuBLAS's under racecheck take
+# many minutes, and ours alone are what this crate adds.
+candle="no bundle"
+candle_bundle="$here/../gpu-bundle-candle"
+if [ "$part" != bench ] && [ -f "$candle_bundle/run.sh" ]; then
+  echo "== candle"
+  if OUT="$results/candle" bash "$candle_bundle/run.sh" 20 > "$results/candle.log" 2>&1; then candle="passed"; else candle="FAILED"; fi
+  grep -E "^test result|panicked|^\| |SM clock|candle GPU check" "$results/candle.log"
+  libs="$(sed -n 's/^candle libraries: //p' "$results/candle.log")"
+  for tool in memcheck synccheck racecheck initcheck; do
+    filter=()
+    [ "$tool" = racecheck ] && filter=(--kernel-name kns=flash_)
+    log="$results/candle-$tool.log"
+    LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout "$sanitizer_limit" \
+      compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 --print-limit 20 \
+      "$candle_bundle/bin/test-candle-gpu" --test-threads=4 > "$log" 2>&1
+    status=$?
+    sanitizer_runs=$((sanitizer_runs + 1))
+    echo "sanitizer $tool test-candle-gpu: exit $status; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n1)"
+    if [ "$status" != 0 ]; then
+      candle="FAILED"
+      sanitizers="FAILED (candle $tool)"
+    fi
+  done
+fi
+
 echo "== benchmark"
 # Ours (bin/bench), then the peers (bench_torch.py: FlashAttention-2 and cuDNN
 # through torch's SDPA, FA4-sm90 where installed), every figure timed after
@@ -142,10 +173,10 @@ else
   fi
 fi
 echo "benchmark: $((SECONDS - bench_start)) s"
-echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench"
+echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; candle $candle; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench"
 # A part alone is not the full check: it exits 2 when everything it ran passed.
 if [ "$part" != bench ]; then
-  [ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$sanitizers" = clean ] || exit 1
+  [ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$sanitizers" = clean ] && [ "$candle" != FAILED ] || exit 1
 fi
 if [ "$part" != tests ]; then
   [ "$bench" = done ] || exit 1

@@ -1,7 +1,10 @@
 //! The candle op against flash-attn's own `forward_into` on the same
-//! buffers and the same stream (candle's), timed with CUDA events: the
-//! difference is what the candle layer adds (checks, the output
-//! allocation, the custom-op plumbing). Both run bf16.
+//! buffers and the same stream (candle's), timed with CUDA events after at
+//! least a second of the same call back to back, the two alternating over
+//! three rounds (medians): the difference is what the candle layer adds
+//! (checks, the output allocation, the custom-op plumbing). Both run bf16.
+//! `run.sh` of the candle GPU bundle prints the SM clock and board power
+//! sampled over the run.
 //!
 //! ```text
 //! cargo run --release -p flash-attn-candle --example bench [-- ITERS]
@@ -24,10 +27,14 @@ const SHAPES: [(usize, usize, usize, usize, usize, usize, bool); 5] = [
     (32, 1, 4096, 32, 8, 128, false),
 ];
 
+/// Milliseconds per call of `f`, in the state a loop keeps the GPU in:
+/// calls queued back to back for at least a second (no synchronization),
+/// then `iters` more between two events queued right behind them.
 fn time_ms(device: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let stream = device.as_cuda_device()?.cuda_stream();
     let w = |e| candle_core::Error::Msg(format!("{e}"));
-    for _ in 0..3 {
+    let warm = std::time::Instant::now();
+    while warm.elapsed() < std::time::Duration::from_secs(1) {
         f()?;
     }
     let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(w)?;
@@ -38,6 +45,16 @@ fn time_ms(device: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> 
     end.synchronize().map_err(w)?;
     Ok(start.elapsed_ms(&end).map_err(w)? as f64 / iters as f64)
 }
+
+/// The median of `values`.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Rounds of each measurement, alternating the two, so that neither sees
+/// only a cooler or a hotter GPU.
+const ROUNDS: usize = 3;
 
 fn slice(storage: &Storage) -> Result<&CudaSlice<bf16>> {
     match storage {
@@ -64,8 +81,6 @@ fn main() -> Result<()> {
         let (q, k, v) = (randn(sq, hq)?, randn(sk, hkv)?, randn(sk, hkv)?);
         let scale = 1.0 / (d as f32).sqrt();
 
-        let candle_ms = time_ms(&device, iters, || fa::flash_attn(&q, &k, &v, scale, causal).map(drop))?;
-
         // candle's own buffers, read in place (all three are contiguous
         // from offset 0).
         let (qg, kg, vg) = (q.storage_and_layout().0, k.storage_and_layout().0, v.storage_and_layout().0);
@@ -73,20 +88,25 @@ fn main() -> Result<()> {
         let mut o = stream.alloc_zeros::<bf16>(b * sq * hq * d).map_err(|e| candle_core::Error::Msg(format!("{e}")))?;
         let mut lse = stream.alloc_zeros::<f32>(b * hq * sq).map_err(|e| candle_core::Error::Msg(format!("{e}")))?;
         let params = AttentionParams { causal, softmax_scale: Some(scale), ..Default::default() };
-        let core_ms = time_ms(&device, iters, || {
-            attention
-                .forward_into(
-                    flash_attn::Tensor::new(qs, [b, sq, hq, d]),
-                    flash_attn::Tensor::new(ks, [b, sk, hkv, d]),
-                    flash_attn::Tensor::new(vs, [b, sk, hkv, d]),
-                    TensorMut::new(&mut o, [b, sq, hq, d]),
-                    &mut lse,
-                    &params,
-                    &stream,
-                )
-                .map(drop)
-                .map_err(|e| candle_core::Error::Msg(format!("{e}")))
-        })?;
+        let (mut candle_rounds, mut core_rounds) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            candle_rounds.push(time_ms(&device, iters, || fa::flash_attn(&q, &k, &v, scale, causal).map(drop))?);
+            core_rounds.push(time_ms(&device, iters, || {
+                attention
+                    .forward_into(
+                        flash_attn::Tensor::new(qs, [b, sq, hq, d]),
+                        flash_attn::Tensor::new(ks, [b, sk, hkv, d]),
+                        flash_attn::Tensor::new(vs, [b, sk, hkv, d]),
+                        TensorMut::new(&mut o, [b, sq, hq, d]),
+                        &mut lse,
+                        &params,
+                        &stream,
+                    )
+                    .map(drop)
+                    .map_err(|e| candle_core::Error::Msg(format!("{e}")))
+            })?);
+        }
+        let (candle_ms, core_ms) = (median(candle_rounds), median(core_rounds));
 
         // Matmul FLOPs of q k^T and p v over the keys each row sees.
         let pairs =
