@@ -115,6 +115,7 @@ mod driver;
 mod error;
 mod kvcache;
 mod launch;
+mod memory;
 mod module;
 mod plan;
 pub mod reference;
@@ -142,10 +143,11 @@ pub use half::{bf16, f16};
 #[cfg(feature = "cust")]
 pub use half1;
 pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
+pub use memory::{DeviceView, DeviceViewMut};
 pub use module::{Kernel, KernelResources, PTX};
 pub use plan::{num_splits_heuristic, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use stream::{LaunchStream, RawStream};
-pub use tensor::{DeviceView, DeviceViewMut, Element, Tensor, TensorMut};
+pub use tensor::{Element, Tensor, TensorMut};
 pub use validate::{
     AttentionParams, Layout, Placed, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN, SUPPORTED_HEAD_DIMS,
 };

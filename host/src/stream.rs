@@ -3,7 +3,7 @@
 
 use crate::driver::CUstream;
 use crate::error::Result;
-use crate::tensor::{DeviceView, DeviceViewMut};
+use crate::memory::{DeviceView, DeviceViewMut};
 
 pub(crate) mod sealed {
     /// A stream as the launch sees it.

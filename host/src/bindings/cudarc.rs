@@ -8,20 +8,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
+use crate::memory::{DeviceView, DeviceViewMut, Read, Write};
 use crate::stream::sealed::{LaunchOn, Sealed};
-use crate::tensor::{DeviceView, DeviceViewMut};
-
-/// cudarc memory a call reads.
-pub(crate) trait Read {
-    /// The device address, with reads ordered on `stream` until the guard drops.
-    fn read_on<'g>(&'g self, stream: &'g CudaStream) -> SyncOnDrop<'g>;
-}
-
-/// cudarc memory a call writes.
-pub(crate) trait Write {
-    /// The device address, with writes ordered on `stream` until the guard drops.
-    fn write_on<'g>(&'g mut self, stream: &'g CudaStream) -> SyncOnDrop<'g>;
-}
 
 macro_rules! read {
     ($($memory:ty),*) => {$(

@@ -8,7 +8,7 @@ use flash_attn_abi::kernels::Dtype;
 use crate::call::{Alibi, Call, LseLayout, Mask, Outputs, Problem, Sequences, TensorAt, MAX_SPLITS};
 use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
-use crate::tensor::DeviceView;
+use crate::memory::DeviceView;
 
 mod kvcache;
 mod varlen;
