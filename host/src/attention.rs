@@ -106,10 +106,7 @@ impl FlashAttention {
         let outputs = OutputBuffers::Given { o: &o_at, lse_addr, lse_len: lse.len };
         let call = validate(T::DTYPE, &q.placed("q"), &k.placed("k"), &v.placed("v"), outputs, params)?;
         let mut order = StreamOrder::new(stream.launch_on());
-        order.read("q", &q.memory)?;
-        order.read("k", &k.memory)?;
-        order.read("v", &v.memory)?;
-        order.params(params)?;
+        order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         order.write("o", &mut o.memory)?;
         order.write("lse", &mut lse)?;
         self.run(&call, None, order.stream, |_| Ok((OutputAddrs { o: o_at.addr, lse: lse_addr }, call.problem)))
@@ -144,10 +141,7 @@ impl FlashAttention {
         let call =
             validate_varlen(T::DTYPE, &q_at, &k_at, &v_at, cu_seqlens_q.arg(), cu_seqlens_k.arg(), outputs, params)?;
         let mut order = StreamOrder::new(stream.launch_on());
-        order.read("q", &q.memory)?;
-        order.read("k", &k.memory)?;
-        order.read("v", &v.memory)?;
-        order.params(params)?;
+        order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         order.write("o", &mut o.memory)?;
         order.write("lse", &mut lse)?;
         self.run(&call, None, order.stream, |_| Ok((OutputAddrs { o: o_at.addr, lse: lse_addr }, call.problem)))

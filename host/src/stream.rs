@@ -99,6 +99,21 @@ impl<'s> StreamOrder<'s> {
         Ok(())
     }
 
+    /// Orders the reads of a call over q, k and v (and what `params`
+    /// points to).
+    pub(crate) fn inputs<T>(
+        &mut self,
+        q: &DeviceView<'s, T>,
+        k: &DeviceView<'s, T>,
+        v: &DeviceView<'s, T>,
+        params: &crate::validate::AttentionParams<'s>,
+    ) -> Result<()> {
+        self.read("q", q)?;
+        self.read("k", k)?;
+        self.read("v", v)?;
+        self.params(params)
+    }
+
     /// Orders the device memory `params` points to (the ALiBi slopes).
     pub(crate) fn params(&mut self, params: &crate::validate::AttentionParams<'s>) -> Result<()> {
         match &params.alibi_slopes {

@@ -96,10 +96,7 @@ impl FlashAttention {
     ) -> Result<Output<T>> {
         let call = validate(T::DTYPE, &q.placed("q"), &k.placed("k"), &v.placed("v"), OutputBuffers::Allocate, params)?;
         let mut order = StreamOrder::new(stream.launch_on());
-        order.read("q", &q.memory)?;
-        order.read("k", &k.memory)?;
-        order.read("v", &v.memory)?;
-        order.params(params)?;
+        order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         self.allocate_and_run(&call, q.layout.shape, None, stream)
     }
 
@@ -155,10 +152,7 @@ impl FlashAttention {
         let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
         let call = validate_varlen(T::DTYPE, &q_at, &k_at, &v_at, cu_q, cu_k, OutputBuffers::Allocate, params)?;
         let mut order = StreamOrder::new(stream.launch_on());
-        order.read("q", &q.memory)?;
-        order.read("k", &k.memory)?;
-        order.read("v", &v.memory)?;
-        order.params(params)?;
+        order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         self.allocate_and_run(&call, q.layout.shape, None, stream)
     }
 
