@@ -3,13 +3,11 @@
 //! candle-flash-attn's do.
 
 use candle_core::{bail, DType, Result, Tensor};
+use flash_attn::{Problem, SUPPORTED_HEAD_DIMS};
 
-/// The head dims flash-attn has kernels for.
-pub const KERNEL_HEAD_DIMS: [usize; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
-
-/// Largest head dim accepted: smaller ones that have no kernel are padded
-/// with zeros up to the next one that has.
-pub const MAX_HEAD_DIM: usize = 256;
+/// Largest head dim accepted (flash-attn's largest kernel): smaller ones
+/// that have no kernel are padded with zeros up to the next one that has.
+pub const MAX_HEAD_DIM: usize = SUPPORTED_HEAD_DIMS[SUPPORTED_HEAD_DIMS.len() - 1] as usize;
 
 /// The head dim a call runs at: `head_dim` itself when it has a kernel,
 /// else the next one that has (q, k and v padded with zeros, which changes
@@ -18,10 +16,11 @@ pub fn kernel_head_dim(head_dim: usize) -> Result<usize> {
     if head_dim == 0 || head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(8) {
         bail!(
             "flash-attn-candle: head_dim {head_dim} is not supported: a multiple of 8 up to {MAX_HEAD_DIM} \
-             (kernels for {KERNEL_HEAD_DIMS:?}, others padded)"
+             (kernels for {SUPPORTED_HEAD_DIMS:?}, others padded)"
         )
     }
-    Ok(KERNEL_HEAD_DIMS.into_iter().find(|&d| d >= head_dim).expect("head_dim <= 256"))
+    let padded = SUPPORTED_HEAD_DIMS.into_iter().map(|d| d as usize).find(|&d| d >= head_dim);
+    Ok(padded.expect("head_dim <= MAX_HEAD_DIM, the largest kernel's"))
 }
 
 /// q, k and v are f16 or bf16, all the same.
@@ -36,17 +35,6 @@ pub fn check_dtypes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<DType> {
         }
     }
     Ok(dtype)
-}
-
-/// The sizes of a dense call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Dims {
-    pub batch: usize,
-    pub seqlen_q: usize,
-    pub seqlen_k: usize,
-    pub heads_q: usize,
-    pub heads_kv: usize,
-    pub head_dim: usize,
 }
 
 fn rank(name: &str, t: &Tensor, want: usize, layout: &str) -> Result<()> {
@@ -64,7 +52,7 @@ fn heads(heads_q: usize, heads_kv: usize) -> Result<()> {
 }
 
 /// q `[batch, seqlen_q, heads_q, d]`, k and v `[batch, seqlen_k, heads_kv, d]`.
-pub fn check_dense(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
+pub fn check_dense(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Problem> {
     const LAYOUT: &str = "[batch, seqlen, heads, head_dim]";
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         rank(name, t, 4, LAYOUT)?;
@@ -79,7 +67,7 @@ pub fn check_dense(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
     }
     heads(heads_q, heads_kv)?;
     kernel_head_dim(head_dim)?;
-    Ok(Dims { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim })
+    Ok(Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim })
 }
 
 /// q `[total_q, heads_q, d]`, k and v `[total_k, heads_kv, d]`: returns
@@ -111,7 +99,7 @@ pub fn check_kvcache(
     v_cache: &Tensor,
     cache_seqlens: &[u32],
     block_table: Option<(&[u32], usize)>,
-) -> Result<Dims> {
+) -> Result<Problem> {
     for (name, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] {
         rank(name, t, 4, "[batch, seqlen, heads, head_dim]")?;
     }
@@ -148,7 +136,7 @@ pub fn check_kvcache(
     if let Some(&len) = cache_seqlens.iter().find(|&&n| n as usize > seqlen_k) {
         bail!("flash-attn-candle: cache_seqlens entry {len} exceeds the cache's {seqlen_k} keys per sequence")
     }
-    Ok(Dims { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim })
+    Ok(Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim })
 }
 
 /// ALiBi slopes: f32, `[heads_q]` or `[batch, heads_q]`.
@@ -198,7 +186,7 @@ fn aligned(t: &Tensor) -> bool {
 pub fn in_place(name: &str, t: &Tensor) -> Result<()> {
     let head_dim = t.dim(candle_core::D::Minus1)?;
     if kernel_head_dim(head_dim)? != head_dim {
-        bail!("flash-attn-candle: appending to {name} needs a head_dim with a kernel ({KERNEL_HEAD_DIMS:?}), got {head_dim}")
+        bail!("flash-attn-candle: appending to {name} needs a head_dim with a kernel ({SUPPORTED_HEAD_DIMS:?}), got {head_dim}")
     }
     let stride = t.stride();
     if stride[stride.len() - 1] != 1 || !aligned(t) {

@@ -42,7 +42,7 @@ use candle_core::{bail, DType, Result, Tensor, D};
 
 /// flash-attn itself, whose `FlashAttention` [`flash_attention`] returns.
 pub use ::flash_attn as flash_attn_core;
-pub use checks::{kernel_head_dim, KERNEL_HEAD_DIMS, MAX_HEAD_DIM};
+pub use checks::{kernel_head_dim, MAX_HEAD_DIM};
 pub use op::flash_attention_for;
 use op::{FlashAttnOp, Kind};
 use params::{causal_window, translate};
