@@ -7,6 +7,8 @@
 //!   pipeline stages, and the shared memory that follows from them.
 //! - [`kernels`]: the table of kernels (names, variants, configs) that the
 //!   device crate exports and the host loads, and their launch geometry.
+//! - [`hopper`]: the sm_90a forward kernels' table, tile configuration,
+//!   shared-memory layout and argument block.
 //! - [`sm90`]: what the sm_90a primitives read from memory: the TMA tensor
 //!   map (our encoding of `cuTensorMapEncodeTiled`'s parameters) and the
 //!   wgmma shared-memory matrix descriptor.
@@ -15,6 +17,7 @@
 #![no_std]
 
 pub mod config;
+pub mod hopper;
 pub mod kernels;
 pub mod params;
 pub mod sm90;

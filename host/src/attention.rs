@@ -14,7 +14,7 @@ use crate::kvcache::KvCache;
 use crate::launch::launch;
 use crate::memory::DeviceViewMut;
 use crate::module::{KernelModule, KernelResources};
-use crate::plan::{plan, OutputAddrs, Plan};
+use crate::plan::{plan_for, KernelFamily, OutputAddrs, Plan};
 use crate::stream::{LaunchStream, StreamOrder};
 use crate::tensor::{Element, Tensor, TensorMut};
 use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, OutputBuffers};
@@ -53,8 +53,27 @@ impl FlashAttention {
     /// count and the kernels' occupancy (for the split-KV heuristic). Fails
     /// with [`Error::UnsupportedDevice`] below compute capability 8.0 and
     /// [`Error::NoContext`] when no context is current.
+    ///
+    /// On compute capability 9.0 (H100, H200) it also loads the sm_90a
+    /// kernels (TMA and `wgmma`), which then run every call they take:
+    /// dense, unsplit, no mask or causal, no softcap or ALiBi, head dim 64,
+    /// 128 or 256, more than 16 query rows, q, k and v 16-byte aligned with
+    /// strides of whole 16 bytes. The sm_80 kernels run every other call
+    /// ([`Self::portable`] runs them only).
     pub fn new() -> Result<Self> {
-        Ok(Self { module: KernelModule::load()? })
+        Ok(Self { module: KernelModule::load(true)? })
+    }
+
+    /// As [`Self::new`], without the sm_90a kernels: every call runs the
+    /// sm_80 kernels, on any GPU (to compare the two, or to rule one out).
+    pub fn portable() -> Result<Self> {
+        Ok(Self { module: KernelModule::load(false)? })
+    }
+
+    /// Whether the sm_90a kernels are loaded ([`Self::new`] on compute
+    /// capability 9.0).
+    pub fn uses_sm90a(&self) -> bool {
+        self.module.has_sm90a()
     }
 
     /// The GPU's number of streaming multiprocessors.
@@ -203,7 +222,8 @@ impl FlashAttention {
             context.check_stream(stream)?;
             // The split heuristic's wave is the CTAs of a kernel that the
             // GPU's SMs run at once.
-            let plan = plan(call, |kernel: &AttentionKernel| self.module.wave(kernel))?;
+            let family = if self.module.has_sm90a() { KernelFamily::Sm90a } else { KernelFamily::Sm80 };
+            let plan = plan_for(call, |kernel: &AttentionKernel| self.module.wave(kernel), family)?;
             let (addrs, result) = outputs(&plan)?;
             let mut scratch = match workspace {
                 Some(workspace) => Scratch::Workspace(workspace),

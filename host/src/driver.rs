@@ -10,6 +10,8 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 
+use flash_attn_abi::sm90::{TensorMap, TensorMapParams};
+
 use crate::error::{Error, Result};
 
 pub(crate) type CUresult = c_uint;
@@ -34,11 +36,32 @@ pub(crate) const FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
 
 /// Declares the table of entry points: one field per function, looked up
 /// by its exported (versioned) symbol name.
+/// `cuTensorMapEncodeTiled(map, dataType, rank, globalAddress, globalDim,
+/// globalStrides, boxDim, elementStrides, interleave, swizzle,
+/// l2Promotion, oobFill)`.
+pub(crate) type TensorMapEncodeTiled = unsafe extern "C" fn(
+    *mut TensorMap,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *const u64,
+    *const u64,
+    *const u32,
+    *const u32,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+) -> CUresult;
+
 macro_rules! driver_api {
     ($($field:ident = $symbol:literal: fn($($arg:ty),*);)*) => {
         /// The driver's entry points the crate calls.
         pub(crate) struct Driver {
             $(pub(crate) $field: unsafe extern "C" fn($($arg),*) -> CUresult,)*
+            /// `cuTensorMapEncodeTiled` (drivers of CUDA 12.0 and later);
+            /// without it the sm_90a kernels are not loaded.
+            pub(crate) tensor_map_encode_tiled: Option<TensorMapEncodeTiled>,
             /// Keeps the library mapped for as long as the table lives (the
             /// whole process: the table is a `static`).
             _library: libloading::Library,
@@ -53,6 +76,10 @@ macro_rules! driver_api {
                         $($field: *library
                             .get::<unsafe extern "C" fn($($arg),*) -> CUresult>(concat!($symbol, "\0").as_bytes())
                             .map_err(|e| format!("{} not found: {e}", $symbol))?,)*
+                        tensor_map_encode_tiled: library
+                            .get::<TensorMapEncodeTiled>(b"cuTensorMapEncodeTiled\0")
+                            .ok()
+                            .map(|f| *f),
                         _library: library,
                     })
                 }
@@ -144,4 +171,34 @@ pub(crate) fn check(call: &'static str, status: CUresult) -> Result<()> {
     }
     let name = driver().map(|d| status_name(d, status)).unwrap_or_else(|_| format!("CUDA status {status}"));
     Err(Error::DriverCall { call, code: status, name })
+}
+
+/// The driver's tensor map of `params` (`cuTensorMapEncodeTiled`, no
+/// interleave). The planner chooses maps that pass
+/// [`TensorMapParams::validate`], the driver's rules.
+pub(crate) fn encode_tensor_map(params: &TensorMapParams) -> Result<TensorMap> {
+    let encode = driver()?
+        .tensor_map_encode_tiled
+        .ok_or_else(|| Error::DriverUnavailable("the driver has no cuTensorMapEncodeTiled".into()))?;
+    let mut map = TensorMap([0; 16]);
+    // SAFETY: every array holds at least `rank` values (the strides `rank -
+    // 1`), the map 128 writable bytes, 64-byte aligned.
+    let status = unsafe {
+        encode(
+            &mut map,
+            params.data_type as c_uint,
+            params.rank,
+            params.global_address as *mut c_void,
+            params.global_dims.as_ptr(),
+            params.global_strides.as_ptr(),
+            params.box_dims.as_ptr(),
+            params.element_strides.as_ptr(),
+            0,
+            params.swizzle as c_uint,
+            params.l2_promotion as c_uint,
+            params.oob_fill as c_uint,
+        )
+    };
+    check("cuTensorMapEncodeTiled", status)?;
+    Ok(map)
 }

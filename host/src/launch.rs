@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use crate::driver::{check, driver, CUfunction, CUstream};
+use crate::driver::{check, driver, encode_tensor_map, CUfunction, CUstream};
 use crate::error::Result;
 use crate::module::KernelModule;
 use crate::plan::{KernelArgs, OutputAddrs, Plan};
@@ -22,10 +22,15 @@ pub(crate) fn launch(
     if !plan.upload.is_empty() {
         upload_async(base + plan.scratch.seqused_k as u64, &plan.upload, stream)?;
     }
+    if let Some(hopper) = &plan.hopper {
+        let maps = hopper.maps.iter().map(encode_tensor_map).collect::<Result<Vec<_>>>()?;
+        upload_async(base + plan.scratch.tensor_maps as u64, &maps, stream)?;
+    }
     for launch in plan.launches(outputs, base) {
         let mut args = launch.args;
         let args: *mut c_void = match &mut args {
             KernelArgs::Forward(a) => std::ptr::from_mut(a).cast(),
+            KernelArgs::Hopper(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Combine(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Append(a) => std::ptr::from_mut(a).cast(),
         };
@@ -40,7 +45,7 @@ pub(crate) fn launch(
 /// Copies `values` to device address `addr` on `stream`. From pageable host
 /// memory the driver stages the data before returning, so `values` may be
 /// dropped right after.
-fn upload_async(addr: u64, values: &[i32], stream: CUstream) -> Result<()> {
+fn upload_async<T>(addr: u64, values: &[T], stream: CUstream) -> Result<()> {
     let status =
         unsafe { (driver()?.memcpy_htod_async)(addr, values.as_ptr().cast(), std::mem::size_of_val(values), stream) };
     check("cuMemcpyHtoDAsync", status)

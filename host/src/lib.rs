@@ -138,6 +138,7 @@ pub use cust;
 pub use driver::CUstream;
 pub use error::{Error, Result};
 use flash_attn_abi::config;
+pub use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
 pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
 pub use half::{bf16, f16};
 #[cfg(feature = "cust")]
@@ -162,9 +163,12 @@ pub use workspace::Workspace;
 /// kernels elsewhere (this crate's tests run them on the CPU emulator).
 pub mod pipeline {
     pub use crate::call::{Alibi, Append, CacheLengths, Call, LseLayout, Mask, Outputs, Pages, Sequences, TensorAt};
-    pub use crate::plan::{plan, KernelArgs, Launch, OutputAddrs, Plan, ScratchLayout};
+    pub use crate::plan::{
+        plan, plan_for, HopperLaunch, KernelArgs, KernelFamily, Launch, OutputAddrs, Plan, ScratchLayout,
+    };
     pub use crate::validate::{
         validate, validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, TableArg,
     };
+    pub use flash_attn_abi::hopper::HopperParams;
     pub use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams};
 }

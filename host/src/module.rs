@@ -4,6 +4,7 @@
 
 use std::ffi::{c_int, CString};
 
+use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
 use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
 
 use crate::context::ContextRef;
@@ -13,11 +14,17 @@ use crate::error::{Error, Result};
 /// The kernels' PTX (sm_80), built from `kernels/` by `cargo xtask build-ptx`.
 pub const PTX: &str = include_str!("../kernels.ptx");
 
+/// The sm_90a kernels' PTX ([`HOPPER_KERNELS`]), loaded beside [`PTX`] on
+/// compute capability 9.0 only (`sm_90a` code runs on no other GPU).
+pub const PTX_SM90A: &str = include_str!("../kernels-sm90a.ptx");
+
 /// A kernel of the module, as a plan names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// A row of the ABI's table of attention kernels.
     Attention(&'static AttentionKernel),
+    /// A row of the ABI's table of sm_90a kernels.
+    Hopper(&'static HopperKernel),
     /// The split-KV merge of an element type.
     Combine(Dtype),
     /// The KV cache append.
@@ -29,6 +36,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Attention(kernel) => kernel.name,
+            Kernel::Hopper(kernel) => kernel.name,
             Kernel::Combine(dtype) => combine_kernel(dtype),
             Kernel::Append => APPEND_KERNEL,
         }
@@ -68,6 +76,10 @@ pub(crate) struct KernelModule {
     /// The merge kernels of f16 and bf16.
     combine: [CUfunction; 2],
     append: CUfunction,
+    /// The sm_90a module and its kernels (one per row of
+    /// [`HOPPER_KERNELS`]), on compute capability 9.0 unless the caller
+    /// asked for the sm_80 kernels only.
+    hopper: Option<(CUmodule, Vec<CUfunction>)>,
 }
 
 // SAFETY: the module and function handles are never changed after `load`,
@@ -78,9 +90,11 @@ unsafe impl Send for KernelModule {}
 unsafe impl Sync for KernelModule {}
 
 impl KernelModule {
-    /// Loads [`PTX`] into the current context. Fails with
-    /// [`Error::UnsupportedDevice`] below compute capability 8.0.
-    pub(crate) fn load() -> Result<Self> {
+    /// Loads [`PTX`] into the current context, and [`PTX_SM90A`] on
+    /// compute capability 9.0 when `sm90a` (and the driver encodes tensor
+    /// maps). Fails with [`Error::UnsupportedDevice`] below compute
+    /// capability 8.0.
+    pub(crate) fn load(sm90a: bool) -> Result<Self> {
         let d = driver()?;
         let context = ContextRef::current()?;
         let attribute = |which| {
@@ -95,9 +109,7 @@ impl KernelModule {
         }
         let sm_count = attribute(driver::DEVICE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
         // The driver reads the PTX as a NUL-terminated string.
-        let image = CString::new(PTX).expect("the PTX has no NUL byte");
-        let mut module: CUmodule = std::ptr::null_mut();
-        check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut module, image.as_ptr().cast()) })?;
+        let module = load_module(PTX)?;
         // From here on, `loaded` unloads the module if a lookup fails.
         let mut loaded = Self {
             module,
@@ -106,6 +118,7 @@ impl KernelModule {
             attention: Vec::with_capacity(ATTENTION_KERNELS.len()),
             combine: [std::ptr::null_mut(); 2],
             append: std::ptr::null_mut(),
+            hopper: None,
         };
         for kernel in ATTENTION_KERNELS {
             let config = kernel.config;
@@ -124,15 +137,34 @@ impl KernelModule {
         loaded.combine =
             [loaded.get_function(combine_kernel(Dtype::F16))?, loaded.get_function(combine_kernel(Dtype::Bf16))?];
         loaded.append = loaded.get_function(APPEND_KERNEL)?;
+        if sm90a && (major, minor) == (9, 0) && d.tensor_map_encode_tiled.is_some() {
+            let module = load_module(PTX_SM90A)?;
+            // Owned by `loaded` from here on, unloaded in its `drop`.
+            loaded.hopper = Some((module, Vec::with_capacity(HOPPER_KERNELS.len())));
+            for kernel in HOPPER_KERNELS {
+                let function = get_function(module, kernel.name)?;
+                check("cuFuncSetAttribute", unsafe {
+                    (d.func_set_attribute)(
+                        function,
+                        driver::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        kernel.config.smem_bytes() as c_int,
+                    )
+                })?;
+                if let Some((_, functions)) = &mut loaded.hopper {
+                    functions.push(function);
+                }
+            }
+        }
         Ok(loaded)
     }
 
     fn get_function(&self, name: &str) -> Result<CUfunction> {
-        let d = driver()?;
-        let name = CString::new(name).expect("kernel names have no NUL byte");
-        let mut function: CUfunction = std::ptr::null_mut();
-        check("cuModuleGetFunction", unsafe { (d.module_get_function)(&mut function, self.module, name.as_ptr()) })?;
-        Ok(function)
+        get_function(self.module, name)
+    }
+
+    /// Whether the sm_90a kernels are loaded (plans may choose them).
+    pub(crate) fn has_sm90a(&self) -> bool {
+        self.hopper.is_some()
     }
 
     /// The context the module lives in.
@@ -160,6 +192,11 @@ impl KernelModule {
     pub(crate) fn function(&self, kernel: Kernel) -> CUfunction {
         match kernel {
             Kernel::Attention(kernel) => self.loaded(kernel).function,
+            Kernel::Hopper(kernel) => {
+                let index = HOPPER_KERNELS.iter().position(|k| k == kernel).expect("a row of HOPPER_KERNELS");
+                // Plans name sm_90a kernels only when the module is loaded.
+                self.hopper.as_ref().expect("the sm_90a module is loaded").1[index]
+            }
             Kernel::Combine(Dtype::F16) => self.combine[0],
             Kernel::Combine(Dtype::Bf16) => self.combine[1],
             Kernel::Append => self.append,
@@ -198,9 +235,30 @@ impl Drop for KernelModule {
         self.context.with_current(|| {
             if let Ok(d) = driver() {
                 unsafe { (d.module_unload)(self.module) };
+                if let Some((module, _)) = self.hopper {
+                    unsafe { (d.module_unload)(module) };
+                }
             }
         });
     }
+}
+
+/// Loads the PTX `ptx` into the current context.
+fn load_module(ptx: &str) -> Result<CUmodule> {
+    let d = driver()?;
+    // The driver reads the PTX as a NUL-terminated string.
+    let image = CString::new(ptx).expect("the PTX has no NUL byte");
+    let mut module: CUmodule = std::ptr::null_mut();
+    check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut module, image.as_ptr().cast()) })?;
+    Ok(module)
+}
+
+fn get_function(module: CUmodule, name: &str) -> Result<CUfunction> {
+    let d = driver()?;
+    let name = CString::new(name).expect("kernel names have no NUL byte");
+    let mut function: CUfunction = std::ptr::null_mut();
+    check("cuModuleGetFunction", unsafe { (d.module_get_function)(&mut function, module, name.as_ptr()) })?;
+    Ok(function)
 }
 
 #[cfg(test)]
@@ -224,5 +282,19 @@ mod tests {
         // kernels (probe, ceiling) live in the tests crate's own module.
         assert_eq!(PTX.matches(".visible .entry ").count(), ATTENTION_KERNELS.len() + 3);
         assert!(!PTX.contains("probe_primitives") && !PTX.contains("mma_ceiling"));
+    }
+
+    /// As above, for the sm_90a module: every row of its table, for sm_90a,
+    /// with the launch bounds `setmaxnreg` needs.
+    #[test]
+    fn embedded_sm90a_ptx_exports_every_hopper_kernel() {
+        assert!(PTX_SM90A.contains(".target sm_90a"), "PTX must target sm_90a");
+        for kernel in HOPPER_KERNELS {
+            let entry = format!(".visible .entry {}(", kernel.name);
+            let at = PTX_SM90A.find(&entry).unwrap_or_else(|| panic!("{} missing", kernel.name));
+            let body = PTX_SM90A[at..].find("\n{").expect("a kernel body") + at;
+            assert!(PTX_SM90A[at..body].contains(".maxntid 384, 1, 1"), "{} has no .maxntid", kernel.name);
+        }
+        assert_eq!(PTX_SM90A.matches(".visible .entry ").count(), HOPPER_KERNELS.len());
     }
 }

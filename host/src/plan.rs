@@ -5,12 +5,14 @@
 //! launch binds the output and scratch addresses and runs the result.
 
 use flash_attn_abi::config::MAX_ROW_STRIDE;
+use flash_attn_abi::hopper::{hopper_kernel, HopperKernel, HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
 use flash_attn_abi::kernels::{
-    attention_kernel, combine_grid, AttentionKernel, Variant, APPEND_THREADS, COMBINE_THREADS,
+    attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
 };
 use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams, COMBINE_WARPS};
+use flash_attn_abi::sm90::{L2Promotion, OobFill, TensorDataType, TensorMap, TensorMapParams, TmaSwizzle};
 
-use crate::call::{Append, CacheLengths, Call, Mask, Outputs, Sequences, MAX_SPLITS};
+use crate::call::{Append, CacheLengths, Call, Mask, Outputs, Sequences, TensorAt, MAX_SPLITS};
 use crate::error::{Error, Result};
 use crate::module::Kernel;
 
@@ -183,13 +185,17 @@ pub struct ScratchLayout {
     pub lse_partial: usize,
     /// `o_partial`, f32 `[num_splits, batch, heads_q, seqlen_q, head_dim]`.
     pub o_partial: usize,
+    /// The sm_90a kernel's tensor maps of q, k and v (3 x 128 bytes; none
+    /// on the portable kernels).
+    pub tensor_maps: usize,
     /// The whole scratch; 0 when the call needs none.
     pub bytes: usize,
 }
 
 impl ScratchLayout {
-    /// Room for `seqused_len` i32 and, with more than one split, the partials.
-    fn new(args: &ForwardParams, head_dim: usize, seqused_len: usize) -> Result<Self> {
+    /// Room for `seqused_len` i32, with more than one split the partials,
+    /// and `tensor_maps` tensor maps.
+    fn new(args: &ForwardParams, head_dim: usize, seqused_len: usize, tensor_maps: usize) -> Result<Self> {
         let overflow =
             || Error::TooLarge { what: "split-KV scratch bytes", value: usize::MAX, max: isize::MAX as usize };
         let round = |n: usize| n.checked_next_multiple_of(SCRATCH_ALIGN).ok_or_else(overflow);
@@ -209,11 +215,12 @@ impl ScratchLayout {
         }
         let lse_partial = seqused_bytes;
         let o_partial = lse_partial + lse_bytes;
-        let bytes = o_partial.checked_add(o_bytes).ok_or_else(overflow)?;
+        let maps = o_partial.checked_add(o_bytes).ok_or_else(overflow)?;
+        let bytes = maps.checked_add(round(tensor_maps * size_of::<TensorMap>())?).ok_or_else(overflow)?;
         if bytes > isize::MAX as usize {
             return Err(overflow());
         }
-        Ok(ScratchLayout { seqused_k: 0, lse_partial, o_partial, bytes })
+        Ok(ScratchLayout { seqused_k: 0, lse_partial, o_partial, tensor_maps: maps, bytes })
     }
 }
 
@@ -238,6 +245,28 @@ pub struct Plan {
     pub upload: Vec<i32>,
     /// The outputs the call was validated with, if the caller gave them.
     pub outputs: Outputs,
+    /// The sm_90a kernel that runs instead of `kernel`, where the call is
+    /// one it takes and the plan was made for [`KernelFamily::Sm90a`].
+    pub hopper: Option<HopperLaunch>,
+}
+
+/// The kernel families a plan may choose from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFamily {
+    /// The sm_80 kernels only (every GPU of compute capability 8.0 and up).
+    Sm80,
+    /// The sm_90a kernels for the calls they take, else the sm_80 ones
+    /// (compute capability 9.0).
+    Sm90a,
+}
+
+/// An sm_90a launch: the kernel and the tensor maps of q, k and v, which
+/// the launch encodes into the scratch memory.
+#[derive(Clone, Copy, Debug)]
+pub struct HopperLaunch {
+    pub kernel: &'static HopperKernel,
+    pub grid: [u32; 3],
+    pub maps: [TensorMapParams; 3],
 }
 
 /// The addresses of a call's outputs.
@@ -251,6 +280,7 @@ pub struct OutputAddrs {
 #[derive(Clone, Copy, Debug)]
 pub enum KernelArgs {
     Forward(ForwardParams),
+    Hopper(HopperParams),
     Combine(CombineParams),
     Append(AppendParams),
 }
@@ -292,6 +322,18 @@ impl Plan {
                 args: KernelArgs::Append(append.params),
             });
         }
+        if let Some(hopper) = &self.hopper {
+            let config = hopper.kernel.config;
+            let tensor_maps = (scratch + self.scratch.tensor_maps as u64) as *const TensorMap;
+            launches.push(Launch {
+                kernel: Kernel::Hopper(hopper.kernel),
+                grid: hopper.grid,
+                threads: config.threads(),
+                smem_bytes: config.smem_bytes(),
+                args: KernelArgs::Hopper(HopperParams { forward: args, tensor_maps }),
+            });
+            return launches;
+        }
         let config = self.kernel.config;
         launches.push(Launch {
             kernel: Kernel::Attention(self.kernel),
@@ -313,10 +355,80 @@ impl Plan {
     }
 }
 
+/// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,
+/// if the call is one those kernels take: dense sequences with no score
+/// modifier, no mask or the causal one, no split asked for, a head dim
+/// and element type of the table, more query rows than a decode block, and
+/// q, k and v as TMA reads them (16-byte aligned, strides multiples of 16
+/// bytes).
+fn hopper_launch(call: &Call) -> Option<HopperLaunch> {
+    let p = &call.problem;
+    let variant = match call.mask {
+        Mask::None => Variant::Full,
+        Mask::Causal => Variant::Causal,
+        Mask::Window { .. } => return None,
+    };
+    let dense = call.sequences == Sequences::Dense && call.append.is_none();
+    let unmodified = call.softcap.is_none() && call.alibi.is_none();
+    let unsplit = matches!(call.num_splits, None | Some(1));
+    let decode_rows = attention_kernel(p.head_dim as u32, call.dtype, Variant::Decode)?.config.block_m as usize;
+    if !(dense && unmodified && unsplit) || p.seqlen_q <= decode_rows || gqa_decode_applies(call) {
+        return None;
+    }
+    let kernel = hopper_kernel(u32::try_from(p.head_dim).ok()?, call.dtype, variant)?;
+    let data_type = match call.dtype {
+        Dtype::F16 => TensorDataType::F16,
+        Dtype::Bf16 => TensorDataType::Bf16,
+    };
+    // [batch, seqlen, heads, head_dim] as (head_dim, seqlen, heads, batch),
+    // innermost first; boxes of 64 columns and `rows` rows.
+    let map = |t: &TensorAt, seqlen: usize, heads: usize, rows: u32| {
+        let [batch_stride, row_stride, head_stride] = t.strides.map(|s| 2 * s as u64);
+        let sizes = [seqlen, heads, p.batch].map(|n| n as u64);
+        // A dimension of one index never steps: any stride TMA takes.
+        let stride = |n: u64, stride: u64| if n == 1 { 16 } else { stride };
+        TensorMapParams {
+            data_type,
+            rank: 4,
+            global_address: t.addr,
+            global_dims: [p.head_dim as u64, sizes[0], sizes[1], sizes[2], 1],
+            global_strides: [
+                stride(sizes[0], row_stride),
+                stride(sizes[1], head_stride),
+                stride(sizes[2], batch_stride),
+                0,
+            ],
+            box_dims: [SLAB_COLUMNS, rows, 1, 1, 1],
+            element_strides: [1; 5],
+            swizzle: TmaSwizzle::B128,
+            l2_promotion: L2Promotion::B256,
+            oob_fill: OobFill::Zero,
+        }
+    };
+    let block_n = kernel.config.block_n;
+    let maps = [
+        map(&call.q, p.seqlen_q, p.heads_q, HOPPER_BLOCK_M),
+        map(&call.k, p.seqlen_k, p.heads_kv, block_n),
+        map(&call.v, p.seqlen_k, p.heads_kv, block_n),
+    ];
+    if maps.iter().any(|m| m.validate().is_err()) {
+        return None;
+    }
+    let grid_x = u32::try_from(p.seqlen_q.div_ceil(HOPPER_BLOCK_M as usize)).ok()?;
+    Some(HopperLaunch { kernel, grid: [grid_x, p.heads_q as u32, p.batch as u32], maps })
+}
+
+/// Plans `call` on the sm_80 kernels ([`plan_for`] with [`KernelFamily::Sm80`]).
+pub fn plan(call: &Call, wave: impl Fn(&AttentionKernel) -> usize) -> Result<Plan> {
+    plan_for(call, wave, KernelFamily::Sm80)
+}
+
 /// Plans `call`: the GQA decode layout where it applies, the split
 /// (`call.num_splits` or the heuristic, with `wave` the CTAs of a kernel
-/// that the GPU runs at once), the kernel, the grid and the scratch.
-pub fn plan(call: &Call, wave: impl Fn(&AttentionKernel) -> usize) -> Result<Plan> {
+/// that the GPU runs at once), the kernel, the grid and the scratch; with
+/// [`KernelFamily::Sm90a`], the sm_90a kernel instead where it takes the
+/// call.
+pub fn plan_for(call: &Call, wave: impl Fn(&AttentionKernel) -> usize, family: KernelFamily) -> Result<Plan> {
     let head_dim = call.problem.head_dim;
     let kernel_of = |variant| {
         u32::try_from(head_dim)
@@ -325,6 +437,10 @@ pub fn plan(call: &Call, wave: impl Fn(&AttentionKernel) -> usize) -> Result<Pla
             .ok_or(Error::UnsupportedHeadDim(head_dim))
     };
     let mut args = forward_params(call);
+    let hopper = match family {
+        KernelFamily::Sm90a => hopper_launch(call),
+        KernelFamily::Sm80 => None,
+    };
     let swapped = gqa_decode_applies(call);
     if swapped {
         swap_gqa_decode(&mut args);
@@ -357,7 +473,7 @@ pub fn plan(call: &Call, wave: impl Fn(&AttentionKernel) -> usize) -> Result<Pla
         _ => Vec::new(),
     };
     // First: it bounds the partial rows, which the merge counts below.
-    let scratch = ScratchLayout::new(&args, head_dim, upload.len())?;
+    let scratch = ScratchLayout::new(&args, head_dim, upload.len(), if hopper.is_some() { 3 } else { 0 })?;
     let mut combine_blocks = 0;
     if num_splits > 1 {
         let merged_rows = rows * heads_q * batch;
@@ -380,6 +496,7 @@ pub fn plan(call: &Call, wave: impl Fn(&AttentionKernel) -> usize) -> Result<Pla
         scratch,
         upload,
         outputs: call.outputs,
+        hopper,
     })
 }
 

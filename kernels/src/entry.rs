@@ -4,7 +4,10 @@
 //! body instantiated for the row (a [`ForwardKernel`]: element type,
 //! variant, tile config, scheduler); besides them
 //! `flash_combine_{f16|bf16}` and `kv_cache_append` (feature `attention`,
-//! the module users embed); with feature `test-kernels` instead, the
+//! the module users embed); with feature `attention-sm90a`, the sm_90a
+//! kernels `flash_fwd_sm90_d{head_dim}_{f16|bf16}_{variant}` of the ABI's
+//! [`flash_attn_abi::hopper_kernels!`] (the module users embed beside it,
+//! loaded on compute capability 9.0); with feature `test-kernels` instead, the
 //! test-only `probe_primitives` and `mma_ceiling`; with
 //! `test-kernels-sm90a`, `probe_sm90`. On the host (the
 //! emulator) each attention kernel is a plain function, listed with its
@@ -13,11 +16,13 @@
 // The PTX builds export one set of kernels; the other set's imports are unused there.
 #![cfg_attr(target_arch = "nvptx64", allow(unused_imports))]
 
+use flash_attn_abi::hopper::{hopper_config_of, HopperConfig, HopperKernel, HopperParams};
 use flash_attn_abi::kernels::{config_of, AttentionKernel, Dtype, Variant};
 
 use crate::config::TileConfig;
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
+use crate::hopper::hopper_forward;
 use crate::kernel::ForwardKernel;
 use crate::params::{AppendParams, CombineParams, ForwardParams};
 use crate::schedule::OneShot;
@@ -87,6 +92,71 @@ macro_rules! forward_kernels {
 }
 
 flash_attn_abi::attention_kernels!(forward_kernels);
+
+/// An sm_90a kernel instance as the emulator runs it.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct HostHopperKernel {
+    /// Its row of the ABI's table of sm_90a kernels.
+    pub kernel: HopperKernel,
+    /// The kernel body, for each emulated thread to call.
+    pub run: unsafe fn(&HopperParams),
+}
+
+macro_rules! hopper_forward_kernels {
+    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident)),* $(,)?) => {
+        $(
+            #[cfg(all(target_arch = "nvptx64", feature = "attention-sm90a"))]
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn $name(params: HopperParams) {
+                hopper_forward_kernels!(@body $dtype, $head_dim, $variant, &params)
+            }
+
+            #[cfg(not(target_arch = "nvptx64"))]
+            pub unsafe fn $name(params: &HopperParams) {
+                hopper_forward_kernels!(@body $dtype, $head_dim, $variant, params)
+            }
+        )*
+
+        /// Every sm_90a kernel instance, as `extern "ptx-kernel"` exports
+        /// them in the sm_90a module.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const HOPPER_KERNELS: &[HostHopperKernel] = &[$(HostHopperKernel {
+            kernel: HopperKernel {
+                name: stringify!($name),
+                head_dim: $head_dim,
+                dtype: Dtype::$dtype,
+                variant: Variant::$variant,
+                config: hopper_config_of($head_dim),
+            },
+            run: $name,
+        }),*];
+    };
+    (@body $dtype:ident, $head_dim:literal, $variant:ident, $params:expr) => {{
+        const C: HopperConfig = hopper_config_of($head_dim);
+        const CAUSAL: bool = matches!(Variant::$variant, Variant::Causal);
+        hopper_forward::<
+            $dtype,
+            { C.head_dim as usize },
+            { C.block_n as usize },
+            { C.stages as usize },
+            CAUSAL,
+            { C.block_n as usize / 2 },
+            { C.head_dim as usize / 2 },
+            { C.block_n as usize / 8 },
+            { C.head_dim as usize / 8 },
+            { C.block_n as usize / 16 },
+        >($params)
+    }};
+}
+
+flash_attn_abi::hopper_kernels!(hopper_forward_kernels);
+
+/// The sm_90a instance called `name`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn hopper_kernel(name: &str) -> Option<&'static HostHopperKernel> {
+    HOPPER_KERNELS.iter().find(|k| k.kernel.name == name)
+}
 
 /// The instance called `name`.
 #[cfg(not(target_arch = "nvptx64"))]

@@ -9,7 +9,8 @@
 //! kernel instance as one value ([`kernel::ForwardKernel`]); [`kv_pipeline`]
 //! the K/V pipeline (copies, waits, barriers); [`mainloop`] the key loop's
 //! step (Q K^T, mask, online softmax, P V); [`schedule`]
-//! the block scheduler; [`forward`] the kernel body; [`entry`] the exported
+//! the block scheduler; [`forward`] the kernel body; [`hopper`] the sm_90a
+//! kernels (TMA, `wgmma`, warp specialization); [`entry`] the exported
 //! kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
 //! [`probe_sm90`] the same for the sm_90a primitives (three warpgroups);
@@ -39,6 +40,7 @@ pub mod element;
 pub mod entry;
 pub mod epilogue;
 pub mod forward;
+pub mod hopper;
 pub mod kernel;
 pub mod kv_pipeline;
 pub mod layout;

@@ -12,7 +12,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use flash_attn::cust::memory::DeviceCopy;
-use flash_attn::pipeline::{plan, Call, KernelArgs, Launch, OutputAddrs, Outputs, Plan};
+use flash_attn::pipeline::{plan_for, Call, KernelArgs, KernelFamily, Launch, OutputAddrs, Outputs, Plan};
 use flash_attn::reference::{self, ReferenceProblem};
 use flash_attn::{AttentionKernel, AttentionParams, DeviceView, Kernel, Layout, Placed};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
@@ -239,6 +239,7 @@ impl<'a> Memory<'a> {
             (_, Role::Input) => false,
             (Kernel::Append, role) => role == Role::Cache,
             (Kernel::Attention(_), Role::Output) => !split_attention,
+            (Kernel::Hopper(_), Role::Output) => true,
             (Kernel::Combine(_), Role::Output) => true,
             (_, Role::Cache) => false,
         };
@@ -274,12 +275,13 @@ impl Scratch {
     }
 
     /// Writes `values` at byte `offset`, as the GPU path uploads them.
-    fn write(&mut self, offset: usize, values: &[i32]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    fn write<T: Copy>(&mut self, offset: usize, values: &[T]) {
+        // SAFETY: the values' bytes, read as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) };
         assert!(offset + bytes.len() <= self.bytes, "upload past the scratch");
         // SAFETY: within the blocks, checked above.
         let scratch = unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.bytes) };
-        scratch[offset..][..bytes.len()].copy_from_slice(&bytes);
+        scratch[offset..][..bytes.len()].copy_from_slice(bytes);
     }
 }
 
@@ -320,13 +322,25 @@ impl From<flash_attn::Error> for Failure {
 /// If the call's outputs were not given (validate with
 /// `OutputBuffers::Given`), or the plan names a kernel the emulator lacks.
 pub fn run(call: &Call, memory: &Memory, wave: usize) -> Result<Plan, Failure> {
+    run_on(call, memory, wave, KernelFamily::Sm80)
+}
+
+/// As [`run`], planned for the kernel `family`: with
+/// [`KernelFamily::Sm90a`] the sm_90a kernels run the calls they take, as
+/// on an H100, their tensor maps in our encoding (the emulator's; a GPU
+/// gets the driver's).
+pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -> Result<Plan, Failure> {
     let Outputs::Given { o, lse } = call.outputs else {
         panic!("the emulator runs calls into given outputs (OutputBuffers::Given)")
     };
-    let plan = plan(call, |_: &AttentionKernel| wave)?;
+    let plan = plan_for(call, |_: &AttentionKernel| wave, family)?;
     let mut scratch = Scratch::new(plan.scratch.bytes);
     if !plan.upload.is_empty() {
         scratch.write(plan.scratch.seqused_k, &plan.upload);
+    }
+    if let Some(hopper) = &plan.hopper {
+        let maps = hopper.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
+        scratch.write(plan.scratch.tensor_maps, &maps);
     }
     let scratch_addr = if plan.scratch.bytes > 0 { scratch.addr() } else { 0 };
     for launch in plan.launches(OutputAddrs { o: o.addr, lse }, scratch_addr) {
@@ -340,6 +354,12 @@ pub fn run(call: &Call, memory: &Memory, wave: usize) -> Result<Plan, Failure> {
             match (launch.kernel, launch.args) {
                 (Kernel::Attention(kernel), KernelArgs::Forward(args)) => {
                     let host = entry::kernel(kernel.name)
+                        .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
+                    assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
+                    emu::launch(&config, &regions, || (host.run)(&args))
+                }
+                (Kernel::Hopper(kernel), KernelArgs::Hopper(args)) => {
+                    let host = entry::hopper_kernel(kernel.name)
                         .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
                     assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
                     emu::launch(&config, &regions, || (host.run)(&args))
@@ -382,6 +402,21 @@ pub fn forward(
     params: &AttentionParams,
     wave: usize,
 ) -> Result<(Output, Plan), Failure> {
+    forward_on(dtype, q, k, v, o_strides, params, wave, KernelFamily::Sm80)
+}
+
+/// As [`forward`], planned for the kernel `family` ([`run_on`]).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_on(
+    dtype: Dtype,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o_strides: [usize; 4],
+    params: &AttentionParams,
+    wave: usize,
+    family: KernelFamily,
+) -> Result<(Output, Plan), Failure> {
     assert!(params.alibi_slopes.is_none(), "ALiBi slopes need a buffer of Memory: use emulator::run");
     let [batch, seqlen_q, heads_q, _] = q.shape;
     let mut o = Tensor::filled(q.shape, o_strides, POISON);
@@ -394,7 +429,7 @@ pub fn forward(
         let lse_addr = memory.output("lse", &mut lse);
         let outputs = flash_attn::pipeline::OutputBuffers::Given { o: &o, lse_addr, lse_len };
         let call = flash_attn::pipeline::validate(dtype, &q, &k, &v, outputs, params)?;
-        run(&call, &memory, wave)?
+        run_on(&call, &memory, wave, family)?
     };
     Ok((Output { o, lse }, plan))
 }

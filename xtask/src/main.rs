@@ -26,6 +26,10 @@ const COMMITTED_TEST_PTX: &str = "tests/test-kernels.ptx";
 /// exist only there (the `a` features are not forward compatible, so this
 /// module loads on compute capability 9.0 only).
 const COMMITTED_TEST_SM90A_PTX: &str = "tests/test-kernels-sm90a.ptx";
+/// Committed PTX of the sm_90a attention kernels (feature
+/// `attention-sm90a`), which `host` embeds beside `host/kernels.ptx` and
+/// loads on compute capability 9.0.
+const COMMITTED_SM90A_PTX: &str = "host/kernels-sm90a.ptx";
 
 /// A PTX module built from `kernels/`: the cargo features it is built with,
 /// its target architecture and the ones ptxas checks it for, its own target
@@ -37,14 +41,15 @@ struct PtxModule {
     ptxas_arches: &'static [&'static str],
     target_dir: &'static str,
     committed: &'static str,
-    /// `(kernel, threads)`: `.maxntid threads, 1, 1` on the kernel's entry.
+    /// `(prefix, threads)`: `.maxntid threads, 1, 1` on the entry of every
+    /// kernel whose name starts with `prefix`.
     /// Rust has no way to declare launch bounds, and ptxas needs them for
     /// `setmaxnreg` (they fix the registers allocated at launch, the pool
     /// `setmaxnreg` moves between warpgroups: 64K / threads).
     maxntid: &'static [(&'static str, u32)],
 }
 
-const PTX_MODULES: [PtxModule; 3] = [
+const PTX_MODULES: [PtxModule; 4] = [
     PtxModule {
         features: &[],
         arch: PTX_ARCH,
@@ -68,6 +73,14 @@ const PTX_MODULES: [PtxModule; 3] = [
         target_dir: "target/ptx-test-kernels-sm90a",
         committed: COMMITTED_TEST_SM90A_PTX,
         maxntid: &[("probe_sm90", 384)],
+    },
+    PtxModule {
+        features: &["--no-default-features", "--features", "attention-sm90a"],
+        arch: "sm_90a",
+        ptxas_arches: &["sm_90a"],
+        target_dir: "target/ptx-sm90a",
+        committed: COMMITTED_SM90A_PTX,
+        maxntid: &[("flash_fwd_sm90_", 384)],
     },
 ];
 
@@ -130,16 +143,29 @@ fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
         .arg(&target_dir))?;
     let ptx_path = target_dir.join(PTX_TARGET).join("ptx/flash_attn_kernels.ptx");
     let ptx = fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))?;
-    module.maxntid.iter().try_fold(ptx, |ptx, &(kernel, threads)| with_maxntid(&ptx, kernel, threads))
+    module.maxntid.iter().try_fold(ptx, |ptx, &(prefix, threads)| with_maxntid(&ptx, prefix, threads))
 }
 
-/// `ptx` with `.maxntid threads, 1, 1` between `kernel`'s parameter list
-/// and its body (where the PTX ISA puts performance-tuning directives).
-fn with_maxntid(ptx: &str, kernel: &str, threads: u32) -> Result<String> {
-    let entry = format!(".entry {kernel}(");
-    let start = ptx.find(&entry).ok_or_else(|| format!("kernel {kernel} not found in the PTX"))?;
-    let body = ptx[start..].find("\n{").ok_or_else(|| format!("kernel {kernel} has no body"))? + start;
-    Ok(format!("{}\n.maxntid {threads}, 1, 1{}", &ptx[..body], &ptx[body..]))
+/// `ptx` with `.maxntid threads, 1, 1` between the parameter list and the
+/// body (where the PTX ISA puts performance-tuning directives) of every
+/// kernel whose name starts with `prefix`; at least one must.
+fn with_maxntid(ptx: &str, prefix: &str, threads: u32) -> Result<String> {
+    let entry = format!(".entry {prefix}");
+    let mut out = String::with_capacity(ptx.len() + 1024);
+    let mut rest = ptx;
+    let mut found = 0;
+    while let Some(start) = rest.find(&entry) {
+        let body = rest[start..].find("\n{").ok_or_else(|| format!("kernel {prefix}... has no body"))? + start;
+        out.push_str(&rest[..body]);
+        out.push_str(&format!("\n.maxntid {threads}, 1, 1"));
+        rest = &rest[body..];
+        found += 1;
+    }
+    if found == 0 {
+        return Err(format!("no kernel {prefix}... in the PTX"));
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {

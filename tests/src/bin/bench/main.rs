@@ -37,7 +37,8 @@
 //!
 //! `bench [--out FILE] [--quick] [--reps N] [--head-dims D,D..] [--seqlens S,S..] [--layout bshd|bhsd]
 //! [--decode-only | --no-decode | --varlen-only] [--decode-batches B,B..]
-//! [--decode-caches C,C..] [--decode-splits N] [--non-causal] [--tokens N] [--heads H] [--dtypes f16,bf16]`:
+//! [--decode-caches C,C..] [--decode-splits N] [--non-causal] [--portable] [--tokens N] [--heads H]
+//! [--dtypes f16,bf16]`:
 //! prints tables and writes one JSON object per row to FILE, after a first
 //! `"kind":"meta"` line (NVML's status, the GPU, the driver, the reps), for
 //! scripts/bench_torch.py, which adds the peers' figures (FlashAttention-2,
@@ -54,7 +55,8 @@
 //! `--layout` sets the memory order of the prefill rows' q, k, v and o:
 //! `bshd` (the default, `[batch, seqlen, heads, d]`) or `bhsd`; the row
 //! says which, and bench_torch.py gives torch's kernels the same memory.
-//! `--non-causal` leaves out the causal prefill rows (for comparing
+//! `--portable` times the sm_80 kernels only, also on an H100/H200 (to
+//! compare them with the sm_90a ones). `--non-causal` leaves out the causal prefill rows (for comparing
 //! variants of the non-causal kernels in a short run). `--tokens N` sets
 //! batch * seqlen (default 16384) and `--heads H` the heads of the prefill
 //! rows (for shapes off the standard grid, e.g. grids of CTAs that fill
@@ -649,6 +651,8 @@ struct Options {
     head_dims: Option<Vec<usize>>,
     seqlens: Option<Vec<usize>>,
     non_causal: bool,
+    /// `--portable`: time the sm_80 kernels only (`FlashAttention::portable`).
+    portable: bool,
     tokens: Option<usize>,
     heads: Option<usize>,
     reps: usize,
@@ -664,7 +668,7 @@ struct Options {
 }
 
 /// Flags without a value, then flags with one.
-const SWITCHES: [&str; 5] = ["--quick", "--decode-only", "--no-decode", "--varlen-only", "--non-causal"];
+const SWITCHES: [&str; 6] = ["--quick", "--decode-only", "--no-decode", "--varlen-only", "--non-causal", "--portable"];
 const VALUED: [&str; 11] = [
     "--out",
     "--reps",
@@ -764,6 +768,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         head_dims,
         seqlens,
         non_causal: flag("--non-causal"),
+        portable: flag("--portable"),
         tokens,
         heads,
         reps,
@@ -786,7 +791,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reps = options.reps;
     let _context =
         flash_attn::cust::quick_init().map_err(|e| format!("no usable CUDA GPU ({e}): the benchmark needs one"))?;
-    let attention = FlashAttention::new()?;
+    let attention = if options.portable { FlashAttention::portable()? } else { FlashAttention::new()? };
+    println!(
+        "kernels: {}",
+        if attention.uses_sm90a() {
+            "sm_90a (TMA, wgmma) for the calls they take, sm_80 for the rest"
+        } else {
+            "sm_80 (mma.sync) only"
+        }
+    );
     // Clock and power beside every prefill and varlen row; without NVML the
     // rows say n/a and this line says why.
     let monitor = Monitor::start(match pci_bus_id() {

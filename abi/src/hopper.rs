@@ -1,0 +1,221 @@
+//! The sm_90a forward kernels (issue 29): their table, their tile
+//! configuration and shared-memory layout, and their argument block.
+//!
+//! A block is three warpgroups: a producer that issues TMA loads of Q once
+//! and of K and V into a ring of [`HopperConfig::stages`] stages, and two
+//! consumers that each own 64 query rows and run `wgmma` on them. The
+//! table lists every instance once ([`hopper_kernels!`](crate::hopper_kernels));
+//! the device crate makes the entry points of `host/kernels-sm90a.ptx` from
+//! it and the host loads them on compute capability 9.0.
+
+use crate::kernels::{Dtype, Variant};
+use crate::params::ForwardParams;
+use crate::sm90::TensorMap;
+
+/// Threads per block: the producer warpgroup and two consumer warpgroups.
+pub const HOPPER_THREADS: u32 = 3 * 128;
+/// Query rows per block: 64 per consumer warpgroup (one `wgmma` M).
+pub const HOPPER_BLOCK_M: u32 = 128;
+/// Registers per thread after `setmaxnreg`: the producer gives up what the
+/// consumers take, `(24 + 2 * 240) * 128` of the 65536 (the launch's
+/// 168 per thread, what `.maxntid 384` allocates).
+pub const PRODUCER_REGISTERS: u32 = 24;
+pub const CONSUMER_REGISTERS: u32 = 240;
+/// Columns of one TMA box and of one shared-memory tile slab: 64 16-bit
+/// elements, the 128 bytes of the 128-byte swizzle.
+pub const SLAB_COLUMNS: u32 = 64;
+/// Bytes of one slab row.
+pub const SLAB_ROW_BYTES: u32 = 128;
+/// Dynamic shared memory a block may have on sm_90.
+pub const MAX_HOPPER_SMEM: u32 = 227 * 1024;
+/// Alignment of the shared-memory base the kernel rounds up to (the
+/// 128-byte swizzle repeats every 8 rows of 128 bytes).
+pub const SMEM_ALIGN: u32 = 1024;
+/// Consumer warps, each of which releases a K or V stage once its
+/// `wgmma`s reading it are done: the arrival count of the empty barriers.
+pub const CONSUMER_WARPS: u32 = 8;
+
+/// The tile shape of one sm_90a kernel instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperConfig {
+    pub head_dim: u32,
+    /// Keys per K/V stage (the `N` of `S = Q K^T`).
+    pub block_n: u32,
+    /// K/V stages in the ring.
+    pub stages: u32,
+}
+
+/// Byte offsets of the shared-memory regions from the 1024-byte aligned
+/// base. Each tile is `head_dim / 64` slabs of 64 columns, one TMA box
+/// each, a slab's rows 128 bytes apart in the 128-byte swizzle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperSmem {
+    /// Q: 128 rows.
+    pub q: u32,
+    /// K stage `s` at `k + s * kv_stage_bytes`: `block_n` rows.
+    pub k: u32,
+    /// V stage `s` at `v + s * kv_stage_bytes`.
+    pub v: u32,
+    pub kv_stage_bytes: u32,
+    /// The mbarriers, 8 bytes each: Q full, then per stage K full, K
+    /// empty, V full, V empty.
+    pub barriers: u32,
+    pub end: u32,
+}
+
+impl HopperConfig {
+    pub const fn threads(&self) -> u32 {
+        HOPPER_THREADS
+    }
+
+    /// Slabs of 64 columns across the head dim.
+    pub const fn slabs(&self) -> u32 {
+        self.head_dim / SLAB_COLUMNS
+    }
+
+    pub const fn layout(&self) -> HopperSmem {
+        let q_bytes = HOPPER_BLOCK_M * self.head_dim * 2;
+        let kv_stage_bytes = self.block_n * self.head_dim * 2;
+        let k = q_bytes;
+        let v = k + self.stages * kv_stage_bytes;
+        let barriers = v + self.stages * kv_stage_bytes;
+        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, end: barriers + 8 * (1 + 4 * self.stages) }
+    }
+
+    /// Dynamic shared memory: the layout plus what aligning its base may take.
+    pub const fn smem_bytes(&self) -> u32 {
+        self.layout().end + SMEM_ALIGN
+    }
+}
+
+/// The configuration of head dim `head_dim`'s sm_90a kernels, if there are any.
+///
+/// - d = 64 and 128: 128 keys per stage, two stages: the S accumulator (64
+///   registers), O (d / 2) and P (32) fit a consumer's 240 registers.
+/// - d = 256: 64 keys per stage (O alone takes 128 registers), two stages:
+///   Q 64 KiB and 4 x 32 KiB of K and V.
+pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
+    match head_dim {
+        64 | 128 => Some(HopperConfig { head_dim, block_n: 128, stages: 2 }),
+        256 => Some(HopperConfig { head_dim, block_n: 64, stages: 2 }),
+        _ => None,
+    }
+}
+
+/// The argument block of the sm_90a kernels: the portable kernels' block
+/// (outputs, strides, sizes, scale, mask) and the tensor maps of q, k and v
+/// that the producer loads through. Only the dense features are read:
+/// no sequence offsets, cache lengths, pages, split or score modifiers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HopperParams {
+    pub forward: ForwardParams,
+    /// Three tensor maps in global memory, 64-byte aligned: q, k, v, each
+    /// over `[batch, heads, seqlen, head_dim]` (dimension 0 innermost:
+    /// head_dim, seqlen, heads, batch) with boxes of 64 columns and
+    /// [`HOPPER_BLOCK_M`] (q) or `block_n` (k, v) rows.
+    pub tensor_maps: *const TensorMap,
+}
+
+/// One sm_90a attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperKernel {
+    /// The PTX entry point.
+    pub name: &'static str,
+    pub head_dim: u32,
+    pub dtype: Dtype,
+    /// [`Variant::Full`] or [`Variant::Causal`].
+    pub variant: Variant,
+    pub config: HopperConfig,
+}
+
+/// Calls `$callback!` with every sm_90a kernel, one `(entry_point,
+/// head_dim, Dtype, Variant)` row each: the one list of them.
+#[macro_export]
+macro_rules! hopper_kernels {
+    ($callback:ident) => {
+        $callback! {
+            (flash_fwd_sm90_d64_f16_full, 64, F16, Full),
+            (flash_fwd_sm90_d64_f16_causal, 64, F16, Causal),
+            (flash_fwd_sm90_d64_bf16_full, 64, Bf16, Full),
+            (flash_fwd_sm90_d64_bf16_causal, 64, Bf16, Causal),
+            (flash_fwd_sm90_d128_f16_full, 128, F16, Full),
+            (flash_fwd_sm90_d128_f16_causal, 128, F16, Causal),
+            (flash_fwd_sm90_d128_bf16_full, 128, Bf16, Full),
+            (flash_fwd_sm90_d128_bf16_causal, 128, Bf16, Causal),
+            (flash_fwd_sm90_d256_f16_full, 256, F16, Full),
+            (flash_fwd_sm90_d256_f16_causal, 256, F16, Causal),
+            (flash_fwd_sm90_d256_bf16_full, 256, Bf16, Full),
+            (flash_fwd_sm90_d256_bf16_causal, 256, Bf16, Causal),
+        }
+    };
+}
+
+/// The config of a row of the table; a missing one stops the build.
+pub const fn hopper_config_of(head_dim: u32) -> HopperConfig {
+    match hopper_config(head_dim) {
+        Some(config) => config,
+        None => panic!("an sm_90a kernel of the table has no config"),
+    }
+}
+
+macro_rules! hopper_table {
+    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident)),* $(,)?) => {
+        /// Every sm_90a attention kernel.
+        pub const HOPPER_KERNELS: &[HopperKernel] = &[$(HopperKernel {
+            name: stringify!($name),
+            head_dim: $head_dim,
+            dtype: Dtype::$dtype,
+            variant: Variant::$variant,
+            config: hopper_config_of($head_dim),
+        }),*];
+    };
+}
+
+hopper_kernels!(hopper_table);
+
+/// The sm_90a kernel of `head_dim`, `dtype` and `variant`, if there is one.
+pub fn hopper_kernel(head_dim: u32, dtype: Dtype, variant: Variant) -> Option<&'static HopperKernel> {
+    HOPPER_KERNELS.iter().find(|k| k.head_dim == head_dim && k.dtype == dtype && k.variant == variant)
+}
+
+// The invariants of every row, checked as the crate builds.
+const _: () = {
+    let mut i = 0;
+    while i < HOPPER_KERNELS.len() {
+        let k = &HOPPER_KERNELS[i];
+        let c = k.config;
+        assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(SLAB_COLUMNS));
+        assert!(matches!(k.variant, Variant::Full | Variant::Causal));
+        // wgmma N of S (block_n) and of O (head_dim): 64, 128 or 256.
+        assert!(matches!(c.block_n, 64 | 128 | 256) && matches!(c.head_dim, 64 | 128 | 256));
+        assert!(c.smem_bytes() <= MAX_HOPPER_SMEM);
+        // Every tile slab starts on the swizzle's 1024-byte repeat.
+        let l = c.layout();
+        assert!(l.k.is_multiple_of(SMEM_ALIGN) && l.v.is_multiple_of(SMEM_ALIGN));
+        assert!(l.kv_stage_bytes.is_multiple_of(SMEM_ALIGN));
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::format;
+
+    #[test]
+    fn names_follow_head_dim_dtype_and_variant() {
+        for k in HOPPER_KERNELS {
+            assert_eq!(k.name, format!("flash_fwd_sm90_d{}_{}_{}", k.head_dim, k.dtype.name(), k.variant.suffix()));
+            assert_eq!(hopper_kernel(k.head_dim, k.dtype, k.variant), Some(k));
+        }
+    }
+
+    #[test]
+    fn d128_layout_is_q_then_two_stages_of_k_and_v() {
+        let l = hopper_config_of(128).layout();
+        assert_eq!((l.q, l.k, l.v, l.kv_stage_bytes), (0, 32768, 98304, 32768));
+        assert_eq!(l.barriers, 163840);
+    }
+}

@@ -1,0 +1,150 @@
+//! A consumer warpgroup: 64 query rows of the block through every key
+//! block, then the epilogue.
+//!
+//! Per key block: wait for K, `S = Q K^T` (`D / 16` `wgmma`s from shared
+//! memory), release K, mask and online softmax in registers, round P to
+//! the element type, wait for V, `O += P V` (`BN / 16` `wgmma`s with P from
+//! registers), release V.
+//!
+//! The `wgmma` accumulator fragment is the `mma.sync` C fragment repeated
+//! over n8-tiles (a warp's 16 rows, a lane's two rows `lane / 4` and
+//! `lane / 4 + 8`, two neighbouring columns per tile), so the portable
+//! kernels' softmax and mask ([`crate::softmax`]) and P's conversion to A
+//! fragments ([`crate::mma::probabilities_as_a`]) apply to it as they are.
+
+use flash_attn_abi::hopper::HOPPER_BLOCK_M;
+
+use super::smem::Smem;
+use super::HopperTile;
+use crate::arch::{self, WgmmaAccumulator};
+use crate::element::Element;
+use crate::mma::{probabilities_as_a, Accumulators};
+use crate::params::ForwardParams;
+use crate::softmax::{OnlineSoftmax, ScoreMask};
+
+/// The registers of a `wgmma` accumulator as `TILES` n8-tiles of one
+/// m-tile: the same `4 * TILES` f32 in the same order.
+#[inline(always)]
+fn as_tiles<const R: usize, const TILES: usize>(acc: &mut WgmmaAccumulator<R>) -> &mut Accumulators<1, TILES> {
+    const { assert!(R == 4 * TILES) }
+    let regs: &mut [f32; R] = acc.get_mut();
+    // SAFETY: [f32; R] and [[[f32; 4]; TILES]; 1] have the same size and
+    // alignment, and every bit pattern is valid for both.
+    unsafe { &mut *(regs as *mut [f32; R]).cast::<Accumulators<1, TILES>>() }
+}
+
+/// Computes consumer `group`'s 64 rows of `tile` (`thread` is the thread's
+/// index in its warpgroup) and writes their O and LSE.
+///
+/// # Safety
+/// As [`super::hopper_forward`]; both consumer warpgroups call it.
+#[inline(always)]
+pub unsafe fn compute_tile<
+    E: Element,
+    const D: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const CAUSAL: bool,
+    const S_REGS: usize,
+    const O_REGS: usize,
+    const S_TILES: usize,
+    const O_TILES: usize,
+    const P_STEPS: usize,
+>(
+    p: &ForwardParams,
+    smem: &Smem<D, BN, STAGES>,
+    tile: &HopperTile,
+    group: u32,
+    thread: u32,
+) {
+    let (warp, lane) = (thread / 32, thread % 32);
+    let group_first_row = tile.first_row + 64 * group;
+    let mask =
+        ScoreMask { first_row: (group_first_row + 16 * warp) as i32, visibility: tile.visibility, causal: CAUSAL };
+    // The keys the group's first row sees end here: key blocks that reach
+    // past it need the mask (seqlen_k's end, and the diagonal when causal).
+    let unmasked_end = tile.visibility.keys_of_row(group_first_row as i32).1;
+    let scale_log2 = p.scale_log2;
+
+    let mut o = WgmmaAccumulator::<O_REGS>::new([0.0; O_REGS]);
+    let mut softmax = OnlineSoftmax::<1>::new();
+    if tile.key_blocks() > 0 {
+        arch::mbarrier_wait_parity(smem.q_full(), 0);
+    }
+    for i in 0..tile.key_blocks() {
+        let (stage, parity) = (i % STAGES as u32, (i / STAGES as u32) & 1);
+        let first_key = (tile.key_block_begin + i) * BN as u32;
+
+        arch::mbarrier_wait_parity(smem.k_full(stage), parity);
+        let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
+        arch::wgmma_fence();
+        for step in 0..(D / 16) as u32 {
+            E::wgmma_ss::<S_REGS, 0>(&mut s, smem.q_operand(group, step), smem.k_operand(stage, step), step > 0);
+        }
+        arch::wgmma_commit_group();
+        arch::wgmma_wait_group::<0>();
+        if lane == 0 {
+            arch::mbarrier_arrive(smem.k_empty(stage));
+        }
+
+        let s_tiles = as_tiles::<S_REGS, S_TILES>(&mut s);
+        if first_key as i32 + BN as i32 > unmasked_end {
+            mask.apply(s_tiles, first_key as i32, lane);
+        }
+        softmax.rebase(s_tiles, &mut [[[0.0; 4]; 0]; 1], as_tiles::<O_REGS, O_TILES>(&mut o), scale_log2);
+        softmax.exponentiate(s_tiles, scale_log2);
+        let p_frags = probabilities_as_a::<E, 1, S_TILES, P_STEPS>(s_tiles);
+
+        arch::mbarrier_wait_parity(smem.v_full(stage), parity);
+        arch::wgmma_fence();
+        for step in 0..P_STEPS {
+            E::wgmma_rs::<O_REGS, 1>(&mut o, &p_frags[0][step], smem.v_operand(stage, step as u32), true);
+        }
+        arch::wgmma_commit_group();
+        arch::wgmma_wait_group::<0>();
+        if lane == 0 {
+            arch::mbarrier_arrive(smem.v_empty(stage));
+        }
+    }
+    write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, &mut o, group_first_row + 16 * warp, lane);
+}
+
+/// The epilogue of one warp's 16 rows from `warp_first_row`: O normalised
+/// by the softmax sum and rounded, each lane storing its two columns of
+/// every n8-tile, and the LSE of each row (0 and -inf for a row that sees
+/// no key). Rows past seqlen_q are not written.
+///
+/// # Safety
+/// o and the LSE hold every row of the call.
+#[inline(always)]
+unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
+    p: &ForwardParams,
+    tile: &HopperTile,
+    softmax: &OnlineSoftmax<1>,
+    o: &mut WgmmaAccumulator<O_REGS>,
+    warp_first_row: u32,
+    lane: u32,
+) {
+    debug_assert!(warp_first_row < tile.first_row + HOPPER_BLOCK_M);
+    let o_tiles = as_tiles::<O_REGS, O_TILES>(o);
+    let (batch, head) = (tile.batch as i64, tile.head as i64);
+    let o_base = p.o.offset((batch * p.o_batch_stride + head * p.o_head_stride) as isize);
+    let lse_base = p.lse.offset((batch * p.lse_batch_stride + head * p.lse_head_stride) as isize);
+    for half in 0..2 {
+        // Every lane joins the quad's shuffles before any leaves.
+        let (norm, lse) = softmax.finish(0, half, p.scale_log2);
+        let row = warp_first_row + lane / 4 + 8 * half as u32;
+        if row >= p.seqlen_q {
+            continue;
+        }
+        let out = o_base.offset((row as i64 * p.o_row_stride) as isize);
+        for (n, t) in o_tiles[0].iter().enumerate() {
+            let col = 8 * n + 2 * (lane % 4) as usize;
+            let value = E::pack(t[2 * half] * norm, t[2 * half + 1] * norm);
+            arch::st_global_u32(out.add(col).cast::<u32>(), value);
+        }
+        if lane % 4 == 0 {
+            arch::st_global_f32(lse_base.add(row as usize), lse);
+        }
+    }
+}

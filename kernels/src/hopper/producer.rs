@@ -1,0 +1,64 @@
+//! The producer: one thread of warpgroup 0 issues the block's TMA loads.
+//!
+//! Q lands once on its own mbarrier. Key block `i` of the tile goes to
+//! stage `i % STAGES` in round `i / STAGES`: the producer waits until the
+//! consumers have released the stage's previous round (its empty barrier;
+//! in round 0 the wait on the "previous" parity passes at once), raises the
+//! full barrier's transaction count by the tile's bytes with its one
+//! arrival, and issues one TMA load per 64-column slab. K and V have their
+//! own barriers, so that `S = Q K^T` starts before V has landed.
+
+use flash_attn_abi::hopper::{HOPPER_BLOCK_M, SLAB_COLUMNS};
+use flash_attn_abi::sm90::TensorMap;
+
+use super::smem::Smem;
+use super::HopperTile;
+use crate::arch;
+
+/// Loads Q and every key block of `tile`; `maps` are the tensor maps of q,
+/// k and v; `heads_per_kv` query heads share a key/value head.
+///
+/// # Safety
+/// One thread of the block calls it, after the barriers were initialised;
+/// the maps are the ABI's.
+#[inline(always)]
+pub unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<D, BN, STAGES>,
+    tile: &HopperTile,
+    maps: *const TensorMap,
+    heads_per_kv: u32,
+) {
+    if tile.key_blocks() == 0 {
+        return;
+    }
+    let slabs = Smem::<D, BN, STAGES>::SLABS;
+    let batch = tile.batch as i32;
+    let (q_map, k_map, v_map) = (maps, maps.add(1), maps.add(2));
+    let q_head = tile.head as i32;
+    // The host guarantees heads_per_kv >= 1; saying so drops the divide-by-zero panic path.
+    core::hint::assert_unchecked(heads_per_kv != 0);
+    let kv_head = (tile.head / heads_per_kv) as i32;
+
+    arch::mbarrier_arrive_expect_tx(smem.q_full(), HOPPER_BLOCK_M * D as u32 * 2);
+    for slab in 0..slabs {
+        let coords = [(slab * SLAB_COLUMNS) as i32, tile.first_row as i32, q_head, batch];
+        arch::tma_load_4d(smem.q(slab), q_map, coords, smem.q_full());
+    }
+    let tile_bytes = (BN * D * 2) as u32;
+    for i in 0..tile.key_blocks() {
+        let (stage, round) = (i % STAGES as u32, i / STAGES as u32);
+        let first_key = ((tile.key_block_begin + i) * BN as u32) as i32;
+        arch::mbarrier_wait_parity(smem.k_empty(stage), (round & 1) ^ 1);
+        arch::mbarrier_arrive_expect_tx(smem.k_full(stage), tile_bytes);
+        for slab in 0..slabs {
+            let coords = [(slab * SLAB_COLUMNS) as i32, first_key, kv_head, batch];
+            arch::tma_load_4d(smem.k(stage, slab), k_map, coords, smem.k_full(stage));
+        }
+        arch::mbarrier_wait_parity(smem.v_empty(stage), (round & 1) ^ 1);
+        arch::mbarrier_arrive_expect_tx(smem.v_full(stage), tile_bytes);
+        for slab in 0..slabs {
+            let coords = [(slab * SLAB_COLUMNS) as i32, first_key, kv_head, batch];
+            arch::tma_load_4d(smem.v(stage, slab), v_map, coords, smem.v_full(stage));
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The shared memory of an sm_90a block ([`flash_attn_abi::hopper::HopperSmem`]
+//! gives the offsets): Q, the K and V stages and their mbarriers, and the
+//! `wgmma` descriptors of the tiles.
+//!
+//! Every tile is stored as TMA lands it with the 128-byte swizzle: slabs of
+//! 64 columns (128-byte rows), 8-row groups 1024 bytes apart. That is the
+//! layout `wgmma` reads through a descriptor with the 128-byte swizzle and
+//! a stride byte offset of 1024. Q and K are K-major operands (the head
+//! dim is the reduction of `S = Q K^T`): one k-step of 16 columns is 32
+//! bytes further along the row, the next slab after 4 steps. V is the
+//! MN-major B operand of `O += P V` (the keys are the reduction): one
+//! k-step is 16 keys, 2048 bytes further, and the slabs of the head dim
+//! (N) are the leading byte offset apart.
+
+use flash_attn_abi::hopper::{HopperConfig, HopperSmem, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_ROW_BYTES, SMEM_ALIGN};
+use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
+
+use crate::arch;
+
+/// Bytes of one 8-row group of a slab: the swizzle's repeat.
+const GROUP_BYTES: u32 = 8 * SLAB_ROW_BYTES;
+
+/// The block's shared memory for head dim `D`, `BN` keys per stage and
+/// `STAGES` stages, at a 1024-byte aligned base.
+#[derive(Clone, Copy)]
+pub struct Smem<const D: usize, const BN: usize, const STAGES: usize> {
+    base: u32,
+    layout: HopperSmem,
+}
+
+impl<const D: usize, const BN: usize, const STAGES: usize> Smem<D, BN, STAGES> {
+    const CONFIG: HopperConfig = HopperConfig { head_dim: D as u32, block_n: BN as u32, stages: STAGES as u32 };
+    /// Bytes of one slab of Q (128 rows) and of K or V (`BN` rows).
+    pub const Q_SLAB_BYTES: u32 = HOPPER_BLOCK_M * SLAB_ROW_BYTES;
+    pub const KV_SLAB_BYTES: u32 = BN as u32 * SLAB_ROW_BYTES;
+    pub const SLABS: u32 = Self::CONFIG.slabs();
+
+    /// The layout at the dynamic shared memory `dynamic_base`, rounded up
+    /// to the swizzle's repeat (the config reserves the slack).
+    #[inline(always)]
+    pub fn at(dynamic_base: u32) -> Self {
+        Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout: Self::CONFIG.layout() }
+    }
+
+    /// Slab `slab` of Q.
+    #[inline(always)]
+    pub fn q(&self, slab: u32) -> u32 {
+        self.base + self.layout.q + slab * Self::Q_SLAB_BYTES
+    }
+
+    /// Slab `slab` of K's stage `stage`.
+    #[inline(always)]
+    pub fn k(&self, stage: u32, slab: u32) -> u32 {
+        self.base + self.layout.k + stage * self.layout.kv_stage_bytes + slab * Self::KV_SLAB_BYTES
+    }
+
+    /// Slab `slab` of V's stage `stage`.
+    #[inline(always)]
+    pub fn v(&self, stage: u32, slab: u32) -> u32 {
+        self.base + self.layout.v + stage * self.layout.kv_stage_bytes + slab * Self::KV_SLAB_BYTES
+    }
+
+    /// The mbarrier that completes when Q has landed.
+    #[inline(always)]
+    pub fn q_full(&self) -> u32 {
+        self.base + self.layout.barriers
+    }
+
+    #[inline(always)]
+    fn stage_barrier(&self, stage: u32, which: u32) -> u32 {
+        self.base + self.layout.barriers + 8 * (1 + 4 * stage + which)
+    }
+
+    /// Completes when K of `stage` has landed.
+    #[inline(always)]
+    pub fn k_full(&self, stage: u32) -> u32 {
+        self.stage_barrier(stage, 0)
+    }
+
+    /// Completes when every consumer warp is done reading K of `stage`.
+    #[inline(always)]
+    pub fn k_empty(&self, stage: u32) -> u32 {
+        self.stage_barrier(stage, 1)
+    }
+
+    /// Completes when V of `stage` has landed.
+    #[inline(always)]
+    pub fn v_full(&self, stage: u32) -> u32 {
+        self.stage_barrier(stage, 2)
+    }
+
+    /// Completes when every consumer warp is done reading V of `stage`.
+    #[inline(always)]
+    pub fn v_empty(&self, stage: u32) -> u32 {
+        self.stage_barrier(stage, 3)
+    }
+
+    /// Initialises the mbarriers (one thread, before the block's barrier):
+    /// the full ones complete on the producer's one arrival and the bytes
+    /// of its loads, the empty ones on one arrival per consumer warp.
+    ///
+    /// # Safety
+    /// The shared memory is the layout's.
+    #[inline(always)]
+    pub unsafe fn init_barriers(&self) {
+        arch::mbarrier_init(self.q_full(), 1);
+        for stage in 0..STAGES as u32 {
+            arch::mbarrier_init(self.k_full(stage), 1);
+            arch::mbarrier_init(self.k_empty(stage), CONSUMER_WARPS);
+            arch::mbarrier_init(self.v_full(stage), 1);
+            arch::mbarrier_init(self.v_empty(stage), CONSUMER_WARPS);
+        }
+        arch::fence_mbarrier_init();
+    }
+
+    /// The descriptor of consumer `group`'s 64 rows of Q at k-step `step`
+    /// (columns `16 * step..`): the A operand of `S = Q K^T`.
+    #[inline(always)]
+    pub fn q_operand(&self, group: u32, step: u32) -> u64 {
+        k_major(self.q(step / 4) + group * 64 * SLAB_ROW_BYTES + 32 * (step % 4))
+    }
+
+    /// The descriptor of K of `stage` at k-step `step`: the B operand of
+    /// `S = Q K^T`, its `BN` rows the N dimension.
+    #[inline(always)]
+    pub fn k_operand(&self, stage: u32, step: u32) -> u64 {
+        k_major(self.k(stage, step / 4) + 32 * (step % 4))
+    }
+
+    /// The descriptor of V of `stage` at k-step `step` (keys `16 * step..`):
+    /// the MN-major B operand of `O += P V`, its slabs the N dimension.
+    #[inline(always)]
+    pub fn v_operand(&self, stage: u32, step: u32) -> u64 {
+        MatrixDescriptor {
+            start: self.v(stage, 0) + 16 * SLAB_ROW_BYTES * step,
+            leading_byte_offset: Self::KV_SLAB_BYTES,
+            stride_byte_offset: GROUP_BYTES,
+            base_offset: 0,
+            swizzle: DescriptorSwizzle::B128,
+        }
+        .encode()
+    }
+}
+
+/// A K-major operand in the 128-byte swizzle at `start` (its leading byte
+/// offset is unused in that mode; 16 by convention).
+#[inline(always)]
+fn k_major(start: u32) -> u64 {
+    MatrixDescriptor {
+        start,
+        leading_byte_offset: 16,
+        stride_byte_offset: GROUP_BYTES,
+        base_offset: 0,
+        swizzle: DescriptorSwizzle::B128,
+    }
+    .encode()
+}

@@ -1,0 +1,120 @@
+//! The sm_90a kernels on an H100 or H200, against the f64 CPU reference,
+//! and beside the sm_80 kernels (`FlashAttention::portable`) on the same
+//! inputs: every row of the sm_90a table over ragged query and key counts,
+//! GQA and MQA, padded and heads-major layouts, causal with more queries
+//! than keys and the reverse. Each case first asks the host's planner
+//! which kernel it runs, so a case that silently fell back to the sm_80
+//! kernels fails. Skipped, saying why, without a GPU of compute capability
+//! 9.0; on one, the sm_90a kernels must be loaded.
+
+use flash_attn::cust::context::CurrentContext;
+use flash_attn::cust::device::DeviceAttribute;
+use flash_attn::pipeline::{plan_for, validate, KernelFamily, OutputBuffers};
+use flash_attn::{AttentionKernel, AttentionParams, Element, FlashAttention, HOPPER_KERNELS};
+use flash_attn_tests::emulator::{self, Memory};
+use flash_attn_tests::{
+    check, f16_and_bf16_tests, gpu, launch, left_out_of_this_run, random_inputs, skipped, Case, Placement, TestElement,
+};
+
+/// The kernel the host plans for `case` on compute capability 9.0: the
+/// call validated at host addresses of the same alignment (16 bytes) and
+/// strides as the device buffers, planned for [`KernelFamily::Sm90a`].
+fn planned_kernel<T: TestElement>(case: &Case) -> String {
+    let dtype = <T as Element>::DTYPE;
+    let tensor = |shape: [usize; 4]| emulator::Tensor::filled(shape, case.placement.strides(shape), 0);
+    let q_shape = [case.batch, case.seqlen_q, case.heads_q, case.head_dim];
+    let kv_shape = [case.batch, case.seqlen_k, case.heads_kv, case.head_dim];
+    let (q, k, v, mut o) = (tensor(q_shape), tensor(kv_shape), tensor(kv_shape), tensor(q_shape));
+    let mut lse = vec![0f32; case.batch * case.heads_q * case.seqlen_q];
+    let mut memory = Memory::new();
+    let (q, k, v) = (memory.tensor("q", &q), memory.tensor("k", &k), memory.tensor("v", &v));
+    let o = memory.output_tensor("o", &mut o);
+    let lse_len = lse.len();
+    let lse_addr = memory.output("lse", &mut lse);
+    let params = AttentionParams {
+        causal: case.causal,
+        softmax_scale: case.softmax_scale,
+        num_splits: Some(1),
+        ..Default::default()
+    };
+    let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &params)
+        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let plan = plan_for(&call, |_: &AttentionKernel| 1, KernelFamily::Sm90a).expect("a plan");
+    plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name).to_string()
+}
+
+/// The cases of one head dim, causal or not: (batch, seqlen_q, seqlen_k,
+/// heads_q, heads_kv, placement).
+fn cases(head_dim: usize, causal: bool) -> Vec<Case> {
+    let shapes = [
+        (2, 1000, 1000, 4, 1, Placement::Contiguous),
+        (1, 300, 1500, 2, 2, Placement::Padded),
+        (1, 1500, 300, 6, 1, Placement::HeadsMajor),
+        (3, 129, 255, 2, 1, Placement::Contiguous),
+        (1, 17, 4097, 2, 2, Placement::Padded),
+        (1, 4096, 4096, 2, 1, Placement::Contiguous),
+    ];
+    shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (batch, seqlen_q, seqlen_k, heads_q, heads_kv, placement))| Case {
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+            causal,
+            softmax_scale: if i == 3 { Some(0.3) } else { None },
+            placement,
+        })
+        .collect()
+}
+
+fn run<T: TestElement>(test: &str) {
+    let Some((_context, attention)) = gpu(test) else {
+        return;
+    };
+    let device = CurrentContext::get_device().expect("device");
+    let major = device.get_attribute(DeviceAttribute::ComputeCapabilityMajor).expect("major");
+    let minor = device.get_attribute(DeviceAttribute::ComputeCapabilityMinor).expect("minor");
+    if (major, minor) != (9, 0) {
+        skipped(test, &format!("GPU has compute capability {major}.{minor}; the sm_90a kernels need 9.0"));
+        return;
+    }
+    assert!(attention.uses_sm90a(), "compute capability 9.0, but the sm_90a kernels were not loaded");
+    let portable = FlashAttention::portable().expect("the sm_80 kernels");
+    assert!(!portable.uses_sm90a());
+    let mut rng = rand::thread_rng();
+    let dtype = <T as Element>::DTYPE;
+    for kernel in HOPPER_KERNELS.iter().filter(|k| k.dtype == dtype) {
+        let causal = kernel.name.ends_with("_causal");
+        for case in cases(kernel.head_dim as usize, causal) {
+            let planned = planned_kernel::<T>(&case);
+            assert_eq!(planned, kernel.name, "{case:?}: planned for another kernel");
+            if left_out_of_this_run(test, &case, case.batch * case.heads_q * case.seqlen_q * case.seqlen_k) {
+                continue;
+            }
+            let inputs = random_inputs::<T>(&case, &mut rng);
+            let (o, lse) = launch(&attention, &case, &inputs);
+            let ours = check(&case, &inputs, &o, &lse);
+            let (o80, lse80) = launch(&portable, &case, &inputs);
+            let theirs = check(&case, &inputs, &o80, &lse80);
+            println!(
+                "{test}: ok {} sq={} sk={} heads={}:{} {:?}: O rel err {:.2e} (sm_80 {:.2e}), LSE max err {:.2e} (sm_80 {:.2e})",
+                kernel.name,
+                case.seqlen_q,
+                case.seqlen_k,
+                case.heads_q,
+                case.heads_kv,
+                case.placement,
+                ours.o_error,
+                theirs.o_error,
+                ours.lse_max_error,
+                theirs.lse_max_error
+            );
+        }
+    }
+}
+
+f16_and_bf16_tests!(sm90a_kernels_f16, sm90a_kernels_bf16: run());
