@@ -108,6 +108,42 @@ impl<const M_TILES: usize> OnlineSoftmax<M_TILES> {
         }
     }
 
+    /// [`Self::rebase`] for a caller whose outputs are still being written
+    /// (an asynchronous `O += P V` in flight): moves the references the
+    /// same way but leaves the outputs alone, returning each row's rescale
+    /// factor (`[m][half]`) when some reference moved, for the caller to
+    /// apply to its outputs once they are its own again.
+    #[inline(always)]
+    pub fn rebase_deferred<const N_TILES: usize>(
+        &mut self,
+        s: &Accumulators<M_TILES, N_TILES>,
+        scale_log2: f32,
+    ) -> Option<[[f32; 2]; M_TILES]> {
+        let mut lane_max = self.row_max;
+        let mut moves = false;
+        for m in 0..M_TILES {
+            for half in 0..2 {
+                for tile in s[m].iter() {
+                    lane_max[m][half] = lane_max[m][half].max(tile[2 * half]).max(tile[2 * half + 1]);
+                }
+                moves |= (lane_max[m][half] - self.row_max[m][half]) * scale_log2 > RESCALE_THRESHOLD_LOG2;
+            }
+        }
+        if !arch::any_sync(moves) {
+            return None;
+        }
+        let mut factors = [[1.0; 2]; M_TILES];
+        for m in 0..M_TILES {
+            for half in 0..2 {
+                let mut max = lane_max[m][half];
+                max = max.max(arch::shfl_xor_f32(max, 1));
+                max = max.max(arch::shfl_xor_f32(max, 2));
+                factors[m][half] = self.move_row_max(m, half, max, &mut [[[0.0; 4]; 0]; M_TILES], scale_log2);
+            }
+        }
+        Some(factors)
+    }
+
     /// Turns the scores `s` into probabilities in place, relative to each
     /// row's reference, adding them to the rows' sums.
     #[inline(always)]

@@ -697,6 +697,45 @@ impl<const R: usize> WgmmaAccumulator<R> {
     }
 }
 
+macro_rules! fence_operand_n {
+    ($regs:ident, [$($i:literal)*]) => {
+        asm!(
+            concat!("// wgmma operand {0}", $(" {", $i, "}",)*),
+            inout(reg32) $regs[0], $(inout(reg32) $regs[$i],)*
+            options(nostack, nomem, preserves_flags)
+        )
+    };
+}
+
+/// Pins the registers of `acc` at this point of the program (an empty
+/// `asm` that reads and writes each, as CUTLASS's
+/// `warpgroup_fence_operand`): LLVM treats the asynchronous `wgmma` and
+/// `wgmma.wait_group` as unrelated to ordinary code, so without it a
+/// register copy may land between a `wgmma` and its fence (ptxas then
+/// serializes the `wgmma`s, C7513) or a read of the results may move
+/// above the wait that covers them. Use after writing an accumulator and
+/// before issuing into it, and after the wait before reading it.
+#[inline(always)]
+pub fn wgmma_fence_operand<const R: usize>(acc: &mut WgmmaAccumulator<R>) {
+    let regs = &mut acc.0;
+    // SAFETY: an empty instruction sequence; the arm R selects indexes
+    // `regs` within its length R.
+    unsafe {
+        match R {
+            32 => {
+                fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31])
+            }
+            64 => {
+                fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63])
+            }
+            128 => {
+                fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127])
+            }
+            _ => trap(),
+        }
+    }
+}
+
 macro_rules! wgmma_n {
     ($acc:ident, $ss:literal, $n:literal, $ty:literal, [$($i:literal)*], $($operands:tt)*) => {
         asm!(

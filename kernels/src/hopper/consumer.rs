@@ -1,10 +1,13 @@
 //! A consumer warpgroup: 64 query rows of the block through every key
 //! block, then the epilogue.
 //!
-//! Per key block: wait for K, `S = Q K^T` (`D / 16` `wgmma`s from shared
-//! memory), release K, mask and online softmax in registers, round P to
-//! the element type, wait for V, `O += P V` (`BN / 16` `wgmma`s with P from
-//! registers), release V.
+//! Per key block `i`: wait for K, issue `S = Q K^T` (`D / 16` `wgmma`s
+//! from shared memory); wait for V of block `i - 1` and issue its `O += P
+//! V` (`BN / 16` `wgmma`s with P from registers); wait for the scores only,
+//! release K, and run the mask and the online softmax of block `i` in
+//! registers while the tensor cores still work on `O += P V` (FlashAttention-3's
+//! intra-warpgroup overlap); then wait for that, release V, and rescale O
+//! where the row maxima moved. The last block's `O += P V` ends the loop.
 //!
 //! The `wgmma` accumulator fragment is the `mma.sync` C fragment repeated
 //! over n8-tiles (a warp's 16 rows, a lane's two rows `lane / 4` and
@@ -68,45 +71,132 @@ pub unsafe fn compute_tile<
 
     let mut o = WgmmaAccumulator::<O_REGS>::new([0.0; O_REGS]);
     let mut softmax = OnlineSoftmax::<1>::new();
-    if tile.key_blocks() > 0 {
+    let blocks = tile.key_blocks();
+    if blocks > 0 {
         arch::mbarrier_wait_parity(smem.q_full(), 0);
-    }
-    for i in 0..tile.key_blocks() {
-        let (stage, parity) = (i % STAGES as u32, (i / STAGES as u32) & 1);
-        let first_key = (tile.key_block_begin + i) * BN as u32;
-
-        arch::mbarrier_wait_parity(smem.k_full(stage), parity);
-        let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
-        arch::wgmma_fence();
-        for step in 0..(D / 16) as u32 {
-            E::wgmma_ss::<S_REGS, 0>(&mut s, smem.q_operand(group, step), smem.k_operand(stage, step), step > 0);
-        }
-        arch::wgmma_commit_group();
+        // Block 0: its scores alone, then its probabilities.
+        arch::mbarrier_wait_parity(smem.k_full(0), 0);
+        let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, 0);
         arch::wgmma_wait_group::<0>();
-        if lane == 0 {
-            arch::mbarrier_arrive(smem.k_empty(stage));
-        }
-
+        arch::wgmma_fence_operand(&mut s);
+        release(lane, smem.k_empty(0));
         let s_tiles = as_tiles::<S_REGS, S_TILES>(&mut s);
+        let first_key = tile.key_block_begin * BN as u32;
         if first_key as i32 + BN as i32 > unmasked_end {
             mask.apply(s_tiles, first_key as i32, lane);
         }
-        softmax.rebase(s_tiles, &mut [[[0.0; 4]; 0]; 1], as_tiles::<O_REGS, O_TILES>(&mut o), scale_log2);
+        // O is zero: nothing to rescale.
+        let _ = softmax.rebase_deferred(s_tiles, scale_log2);
         softmax.exponentiate(s_tiles, scale_log2);
-        let p_frags = probabilities_as_a::<E, 1, S_TILES, P_STEPS>(s_tiles);
-
-        arch::mbarrier_wait_parity(smem.v_full(stage), parity);
-        arch::wgmma_fence();
-        for step in 0..P_STEPS {
-            E::wgmma_rs::<O_REGS, 1>(&mut o, &p_frags[0][step], smem.v_operand(stage, step as u32), true);
+        let mut p_frags = probabilities_as_a::<E, 1, S_TILES, P_STEPS>(s_tiles);
+        // Block i's scores run beside block i - 1's `O += P V`: the
+        // softmax of block i overlaps the tensor cores' work on i - 1.
+        for i in 1..blocks {
+            let (stage, parity) = stage_of::<STAGES>(i);
+            let (previous, previous_parity) = stage_of::<STAGES>(i - 1);
+            arch::mbarrier_wait_parity(smem.k_full(stage), parity);
+            let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, stage);
+            arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
+            issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
+            // The scores' group is the older of the two in flight.
+            arch::wgmma_wait_group::<1>();
+            arch::wgmma_fence_operand(&mut s);
+            release(lane, smem.k_empty(stage));
+            let s_tiles = as_tiles::<S_REGS, S_TILES>(&mut s);
+            let first_key = (tile.key_block_begin + i) * BN as u32;
+            if first_key as i32 + BN as i32 > unmasked_end {
+                mask.apply(s_tiles, first_key as i32, lane);
+            }
+            let rescale = softmax.rebase_deferred(s_tiles, scale_log2);
+            softmax.exponentiate(s_tiles, scale_log2);
+            arch::wgmma_wait_group::<0>();
+            arch::wgmma_fence_operand(&mut o);
+            arch::wgmma_fence_operand(&mut s);
+            // P is rounded only now, once the `wgmma`s reading the last P
+            // are done: a register they read redefined before their wait
+            // makes ptxas serialize every `wgmma` (C7513).
+            p_frags = probabilities_as_a::<E, 1, S_TILES, P_STEPS>(as_tiles::<S_REGS, S_TILES>(&mut s));
+            release(lane, smem.v_empty(previous));
+            if let Some(factors) = rescale {
+                for t in as_tiles::<O_REGS, O_TILES>(&mut o)[0].iter_mut() {
+                    t[0] *= factors[0][0];
+                    t[1] *= factors[0][0];
+                    t[2] *= factors[0][1];
+                    t[3] *= factors[0][1];
+                }
+            }
         }
-        arch::wgmma_commit_group();
+        let (last, last_parity) = stage_of::<STAGES>(blocks - 1);
+        arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
+        issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
         arch::wgmma_wait_group::<0>();
-        if lane == 0 {
-            arch::mbarrier_arrive(smem.v_empty(stage));
-        }
+        arch::wgmma_fence_operand(&mut o);
+        release(lane, smem.v_empty(last));
     }
     write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, &mut o, group_first_row + 16 * warp, lane);
+}
+
+/// One arrival per warp on a stage's empty barrier (its count is the
+/// consumer warps): the warp's `wgmma`s reading the stage are done.
+///
+/// # Safety
+/// `barrier` is an initialised mbarrier.
+#[inline(always)]
+unsafe fn release(lane: u32, barrier: u32) {
+    if lane == 0 {
+        arch::mbarrier_arrive(barrier);
+    }
+}
+
+/// The ring stage of the tile's key block `i`, and the parity of the
+/// phase its full barriers complete for it.
+#[inline(always)]
+fn stage_of<const STAGES: usize>(i: u32) -> (u32, u32) {
+    (i % STAGES as u32, (i / STAGES as u32) & 1)
+}
+
+/// Issues `S = Q K^T` of consumer `group`'s rows against K of `stage`, as
+/// one committed `wgmma` group; the scores are there after the wait that
+/// covers it.
+#[inline(always)]
+fn issue_scores<E: Element, const D: usize, const BN: usize, const STAGES: usize, const S_REGS: usize>(
+    smem: &Smem<D, BN, STAGES>,
+    group: u32,
+    stage: u32,
+) -> WgmmaAccumulator<S_REGS> {
+    let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
+    arch::wgmma_fence_operand(&mut s);
+    arch::wgmma_fence();
+    for step in 0..(D / 16) as u32 {
+        E::wgmma_ss::<S_REGS, 0>(&mut s, smem.q_operand(group, step), smem.k_operand(stage, step), step > 0);
+    }
+    arch::wgmma_commit_group();
+    arch::wgmma_fence_operand(&mut s);
+    s
+}
+
+/// Issues `O += P V` with V of `stage`, as one committed `wgmma` group.
+#[inline(always)]
+fn issue_output<
+    E: Element,
+    const D: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const O_REGS: usize,
+    const P_STEPS: usize,
+>(
+    smem: &Smem<D, BN, STAGES>,
+    o: &mut WgmmaAccumulator<O_REGS>,
+    p: &[[u32; 4]; P_STEPS],
+    stage: u32,
+) {
+    arch::wgmma_fence_operand(o);
+    arch::wgmma_fence();
+    for step in 0..P_STEPS {
+        E::wgmma_rs::<O_REGS, 1>(o, &p[step], smem.v_operand(stage, step as u32), true);
+    }
+    arch::wgmma_commit_group();
+    arch::wgmma_fence_operand(o);
 }
 
 /// The epilogue of one warp's 16 rows from `warp_first_row`: O normalised

@@ -103,6 +103,42 @@ fn reading_a_tma_destination_before_its_phase_completes_is_reported() {
 }
 
 #[test]
+fn reading_tma_bytes_of_a_phase_the_thread_did_not_wait_for_is_reported() {
+    let (storage, maps) = tensor_and_map();
+    let regions = [GlobalRegion::read_only("tensor", &storage), GlobalRegion::read_only("map", &maps)];
+    let map = maps.as_ptr();
+    let result = run(block(64, 32 * 1024), &regions, |tid| unsafe {
+        let (first, second) = (base(), base() + 8192);
+        let (first_full, second_full) = (base() + 16384, base() + 16392);
+        if tid == 0 {
+            arch::mbarrier_init(first_full, 1);
+            arch::mbarrier_init(second_full, 1);
+        }
+        arch::sync_threads();
+        if tid == 0 {
+            arch::mbarrier_arrive_expect_tx(first_full, 8192);
+            arch::tma_load_2d(first, map, [0, 0], first_full);
+            arch::mbarrier_arrive_expect_tx(second_full, 8192);
+            arch::tma_load_2d(second, map, [0, 0], second_full);
+            0
+        } else if tid == 32 {
+            // Waits for the first box only, then reads the second: landed
+            // in the emulator, but nothing orders it for this thread (the
+            // bug of a consumer that waited for Q and not for K).
+            arch::mbarrier_wait_parity(first_full, 0);
+            arch::ld_shared_u32(second + 64)
+        } else {
+            0
+        }
+    });
+    expect_fault(
+        result,
+        FaultKind::UnobservedTma,
+        &["ld.shared.b32", "thread 32 has not waited for that phase", "saw no phases"],
+    );
+}
+
+#[test]
 fn a_tensor_map_the_emulator_did_not_encode_is_refused() {
     let (storage, mut maps) = tensor_and_map();
     maps[0].0[0] = 0x1234_5678; // as a driver blob would look to us

@@ -66,7 +66,7 @@ impl<'a> Thread<'a> {
     /// thread but the newest `pending`.
     pub fn wait(&self, pending: usize) {
         let landing = self.copies.borrow_mut().take_all_but(pending);
-        self.block.smem.land(self.tid, landing, false);
+        self.block.smem.land(self.tid, landing, None);
     }
 }
 

@@ -29,6 +29,11 @@ pub enum FaultKind {
     /// (`cp.async.bulk.tensor`) into it is in flight: the mbarrier phase
     /// its bytes complete has not completed.
     TmaInFlight,
+    /// A read of bytes a TMA load landed by a thread that has not waited
+    /// on the mbarrier phase that landed them (no `try_wait.parity` of its
+    /// own answered true since): on a GPU they may not have arrived yet for
+    /// that thread.
+    UnobservedTma,
     /// The async proxy (a wgmma shared operand) reads a word that a thread
     /// wrote through the generic proxy (`st.shared`, `cp.async`) without a
     /// `fence.proxy.async.shared::cta` after the write.

@@ -64,7 +64,13 @@ pub fn grid_dim_z() -> u32 {
 #[track_caller]
 pub fn sync_threads() {
     let site = Location::caller();
-    context::with(|t| t.ok(t.block.sync.barrier(t.tid, site, || t.block.smem.block_barrier(), || t.suspend())))
+    context::with(|t| {
+        let barrier = || {
+            t.block.smem.block_barrier();
+            t.block.smem.share_observations();
+        };
+        t.ok(t.block.sync.barrier(t.tid, site, barrier, || t.suspend()))
+    })
 }
 
 /// `bar.warp.sync`: reconverges the warp and orders its shared-memory accesses.
@@ -421,10 +427,10 @@ fn check_mbarrier(t: &Thread<'_>, instruction: &'static str, addr: u32, site: Si
 /// Lands the TMA copies of a completed mbarrier phase, which also orders
 /// (for the race check) what the arrivals did before it against what the
 /// waiting threads do after.
-fn land_phase<'t>(t: &'t Thread<'_>) -> impl FnOnce(Vec<(u32, PendingCopy)>) + 't {
-    move |landing| {
+fn land_phase<'t>(t: &'t Thread<'_>, bar: u32) -> impl FnOnce(Vec<(u32, PendingCopy)>, u64) + 't {
+    move |landing, phase| {
         for (thread, copy) in landing {
-            t.block.smem.land(thread, vec![copy], true);
+            t.block.smem.land(thread, vec![copy], Some((bar, phase)));
         }
         t.block.smem.block_barrier();
     }
@@ -453,7 +459,12 @@ pub fn fence_mbarrier_init() {}
 fn mbarrier_update(instruction: &'static str, addr: u32, update: MbarrierUpdate, site: Site) {
     context::with(|t| {
         check_mbarrier(t, instruction, addr, site);
-        t.ok(t.block.sync.mbarrier_update(t.tid, addr, (instruction, site), update, land_phase(t)));
+        if update.arrive {
+            // The release: what this thread has observed passes to the
+            // threads that wait for this barrier.
+            t.block.smem.release_observations(t.tid, addr);
+        }
+        t.ok(t.block.sync.mbarrier_update(t.tid, addr, (instruction, site), update, land_phase(t, addr)));
     })
 }
 
@@ -514,7 +525,12 @@ pub unsafe fn mbarrier_try_wait_parity(addr: u32, parity: u32) -> bool {
     let site = Location::caller();
     context::with(|t| {
         check_mbarrier(t, "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64", addr, site);
-        t.ok(t.block.sync.mbarrier_try_wait(t.tid, addr, parity, site, || t.suspend()))
+        let done = t.ok(t.block.sync.mbarrier_try_wait(t.tid, addr, parity, site, || t.suspend()));
+        if let (true, Some(phases)) = (done, t.block.sync.mbarrier_phases(addr)) {
+            // The acquire: TMA bytes landed by these phases are this thread's to read.
+            t.block.smem.observe_mbarrier(t.tid, addr, phases);
+        }
+        done
     })
 }
 
@@ -544,7 +560,10 @@ pub fn named_barrier_arrive(id: u32, threads: u32) {
 
 fn named_barrier(arrival: NamedArrival, site: Site) {
     context::with(|t| {
-        let barrier = || t.block.smem.block_barrier();
+        let barrier = || {
+            t.block.smem.block_barrier();
+            t.block.smem.share_observations();
+        };
         t.ok(t.block.sync.named_barrier(t.tid, arrival, site, barrier, || t.suspend()))
     })
 }
@@ -698,10 +717,15 @@ fn tma_load(dst: u32, map: *const TensorMap, coords: &[i32], bar: u32, site: Sit
             copies.push((t.tid, PendingCopy { dst: addr, data, site }));
         }
         let update = MbarrierUpdate { complete_tx: params.box_bytes(), copies, ..Default::default() };
-        let update = t.block.sync.mbarrier_update(t.tid, bar, (INSTRUCTION, site), update, land_phase(t));
+        let update = t.block.sync.mbarrier_update(t.tid, bar, (INSTRUCTION, site), update, land_phase(t, bar));
         t.ok(update);
     })
 }
+
+/// Pins the registers of `acc` for the compiler (an empty `asm` on the
+/// GPU, CUTLASS's `warpgroup_fence_operand`); nothing to emulate: the
+/// emulator runs the program in source order.
+pub fn wgmma_fence_operand<const R: usize>(_acc: &mut WgmmaAccumulator<R>) {}
 
 /// `wgmma.fence.sync.aligned`: orders this thread's earlier register
 /// accesses before the wgmmas that follow.

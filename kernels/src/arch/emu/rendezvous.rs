@@ -371,7 +371,7 @@ impl Rendezvous {
         addr: u32,
         (instruction, site): (&str, Site),
         update: MbarrierUpdate,
-        land: impl FnOnce(Vec<(u32, PendingCopy)>),
+        land: impl FnOnce(Vec<(u32, PendingCopy)>, u64),
     ) -> Result<(), Fault> {
         let MbarrierUpdate { expect_tx, complete_tx, copies, arrive } = update;
         self.advance(tid);
@@ -406,13 +406,18 @@ impl Rendezvous {
             if b.pending == 0 && b.tx == 0 {
                 b.phase += 1;
                 b.pending = b.expected;
-                std::mem::take(&mut b.landing)
+                (std::mem::take(&mut b.landing), b.phase)
             } else {
                 return Ok(());
             }
         };
-        land(landing);
+        land(landing.0, landing.1);
         Ok(())
+    }
+
+    /// The phases the mbarrier at `addr` has completed, if there is one.
+    pub fn mbarrier_phases(&self, addr: u32) -> Option<u64> {
+        self.state.borrow().mbarriers.get(&addr).map(|b| b.phase)
     }
 
     /// `mbarrier.try_wait.parity`: whether the phase of parity `parity` has

@@ -153,6 +153,10 @@ struct Word {
     /// once the writer's count has moved past it). `None` for an
     /// async-proxy write (a TMA load), which the async proxy sees.
     generic_fence: Option<u32>,
+    /// For bytes a TMA load landed: the mbarrier and the count of its
+    /// completed phases that landed them. A thread may read them once a
+    /// wait of its own on that barrier saw that many phases completed.
+    tma_landed: Option<(u32, u64)>,
     /// The newest wgmma reading the word as an operand: its warpgroup,
     /// number (see `wgmma::WgmmaGroups`) and site. It reads until a
     /// `wgmma.wait_group` of the warpgroup covers it; a write before then
@@ -174,6 +178,24 @@ struct Inner {
     wgmma_waited: Vec<u64>,
     /// Per warpgroup, the newest wgmma any of its threads has waited for.
     wgmma_done: Vec<u64>,
+    /// Per thread, the mbarrier phases whose TMA bytes it may read: for
+    /// each barrier, how many phases had completed when a wait of its own
+    /// answered true, or when a thread that knew it released it (an arrive
+    /// this thread then waited for, a block or named barrier).
+    observed: Vec<Vec<(u32, u64)>>,
+    /// Per mbarrier, what the threads arriving on it knew (passed to the
+    /// threads that wait for it).
+    released: Vec<(u32, Vec<(u32, u64)>)>,
+}
+
+/// `into` joined with `from`: per barrier, the most phases either knows.
+fn join_observations(into: &mut Vec<(u32, u64)>, from: &[(u32, u64)]) {
+    for &(bar, phases) in from {
+        match into.iter_mut().find(|(b, _)| *b == bar) {
+            Some((_, p)) => *p = (*p).max(phases),
+            None => into.push((bar, phases)),
+        }
+    }
 }
 
 pub(crate) struct SharedMemory {
@@ -219,8 +241,14 @@ fn describe_access(a: &Access) -> String {
 
 impl SharedMemory {
     pub fn new(size: u32, warps: u32, check_bank_conflicts: bool) -> Self {
-        let word =
-            Word { write: None, readers: Readers::None, in_flight: None, generic_fence: None, wgmma_reader: None };
+        let word = Word {
+            write: None,
+            readers: Readers::None,
+            in_flight: None,
+            generic_fence: None,
+            tma_landed: None,
+            wgmma_reader: None,
+        };
         Self {
             size,
             check_bank_conflicts,
@@ -232,6 +260,8 @@ impl SharedMemory {
                 proxy_fences: vec![0; 32 * warps as usize],
                 wgmma_waited: vec![0; 32 * warps as usize],
                 wgmma_done: vec![0; warps.div_ceil(4) as usize],
+                observed: vec![Vec::new(); 32 * warps as usize],
+                released: Vec::new(),
             }),
         }
     }
@@ -306,6 +336,41 @@ impl SharedMemory {
         *done = (*done).max(through);
     }
 
+    /// A wait of `thread` on the mbarrier at `bar` answered true when it had
+    /// completed `phases` phases: the TMA bytes those phases landed are
+    /// visible to the thread.
+    pub fn observe_mbarrier(&self, thread: u32, bar: u32, phases: u64) {
+        let mut inner = self.lock();
+        let released = inner.released.iter().find(|(b, _)| *b == bar).map(|(_, known)| known.clone());
+        let seen = &mut inner.observed[thread as usize];
+        join_observations(seen, &released.unwrap_or_default());
+        join_observations(seen, &[(bar, phases)]);
+    }
+
+    /// An arrival of `thread` on the mbarrier at `bar` (a release): the
+    /// phases it knows pass to the threads that wait for the barrier.
+    pub fn release_observations(&self, thread: u32, bar: u32) {
+        let mut inner = self.lock();
+        let known = inner.observed[thread as usize].clone();
+        match inner.released.iter_mut().find(|(b, _)| *b == bar) {
+            Some((_, into)) => join_observations(into, &known),
+            None => inner.released.push((bar, known)),
+        }
+    }
+
+    /// A block or named barrier completed: coarsely (as the race check
+    /// orders accesses), every thread knows what any thread knew.
+    pub fn share_observations(&self) {
+        let mut inner = self.lock();
+        let mut all = Vec::new();
+        for seen in &inner.observed {
+            join_observations(&mut all, seen);
+        }
+        for seen in &mut inner.observed {
+            seen.clone_from(&all);
+        }
+    }
+
     /// `fence.proxy.async.shared::cta` by `thread`.
     pub fn fence_proxy_async(&self, thread: u32) {
         self.lock().proxy_fences[thread as usize] += 1;
@@ -347,6 +412,22 @@ impl SharedMemory {
                 let why = if flight.tma { "" } else { ": no cp.async.wait_group of that thread has covered it" };
                 return Err(req.fault(kind, format!("{what}{why}")));
             }
+            if let Some((bar, phases)) = word.tma_landed {
+                let seen = inner.observed[req.who.thread as usize].iter().find(|(b, _)| *b == bar).map(|&(_, p)| p);
+                if seen.is_none_or(|p| p < phases) {
+                    return Err(req.fault(
+                        FaultKind::UnobservedTma,
+                        format!(
+                            "word {:#x} was landed by a TMA load when the mbarrier at shared {bar:#x} completed its \
+                             phase {phases}, and thread {} has not waited for that phase (its waits on that barrier \
+                             saw {} phases): the bytes may not have arrived for it",
+                            word_addr(w),
+                            req.who.thread,
+                            seen.map_or("no".to_string(), |p| p.to_string())
+                        ),
+                    ));
+                }
+            }
             let Some(write) = word.write else {
                 return Err(req.fault(
                     FaultKind::UninitializedShared,
@@ -378,6 +459,7 @@ impl SharedMemory {
             inner.words[w].write = Some(inner.access(req));
             inner.words[w].readers = Readers::None;
             inner.words[w].generic_fence = Some(fence);
+            inner.words[w].tma_landed = None;
         }
         let start = (req.addr - BASE) as usize;
         inner.bytes[start..start + bytes.len()].copy_from_slice(bytes);
@@ -395,10 +477,13 @@ impl SharedMemory {
     }
 
     /// Lands `copies` of `thread` (a `wait_group` of that thread covered
-    /// them, or for `tma` their mbarrier phase completed): their bytes
-    /// become writes by the thread, ordered as of now, through the generic
-    /// proxy (`cp.async`) or the async proxy (TMA).
-    pub fn land(&self, thread: u32, copies: Vec<PendingCopy>, tma: bool) {
+    /// them, or for a TMA load `tma = Some((mbarrier, phases))` the phase
+    /// that completed the barrier's `phases`): their bytes become writes by
+    /// the thread, ordered as of now, through the generic proxy
+    /// (`cp.async`) or the async proxy (TMA; readable by the threads that
+    /// waited for that phase).
+    pub fn land(&self, thread: u32, copies: Vec<PendingCopy>, tma_landed: Option<(u32, u64)>) {
+        let tma = tma_landed.is_some();
         let mut inner = self.lock();
         let generic_fence = (!tma).then_some(inner.proxy_fences[thread as usize]);
         let instruction = if tma { "cp.async.bulk.tensor" } else { "cp.async" };
@@ -409,8 +494,14 @@ impl SharedMemory {
             let first = ((copy.dst - BASE) / 4) as usize;
             for word in &mut inner.words[first..first + 4] {
                 let wgmma_reader = word.wgmma_reader;
-                *word =
-                    Word { write: Some(access), readers: Readers::None, in_flight: None, generic_fence, wgmma_reader };
+                *word = Word {
+                    write: Some(access),
+                    readers: Readers::None,
+                    in_flight: None,
+                    generic_fence,
+                    tma_landed,
+                    wgmma_reader,
+                };
             }
             let start = (copy.dst - BASE) as usize;
             inner.bytes[start..start + 16].copy_from_slice(&copy.data);
