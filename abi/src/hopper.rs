@@ -104,8 +104,9 @@ pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
 
 /// The argument block of the sm_90a kernels: the portable kernels' block
 /// (outputs, strides, sizes, scale, mask) and the tensor maps of q, k and v
-/// that the producer loads through. Only the dense features are read:
-/// no sequence offsets, cache lengths, pages, split or score modifiers.
+/// that the producer loads through. The general kernels read the window,
+/// softcap and ALiBi fields too; none reads sequence offsets, cache
+/// lengths, pages or the split.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HopperParams {
@@ -124,7 +125,8 @@ pub struct HopperKernel {
     pub name: &'static str,
     pub head_dim: u32,
     pub dtype: Dtype,
-    /// [`Variant::Full`] or [`Variant::Causal`].
+    /// [`Variant::Full`], [`Variant::Causal`] or [`Variant::General`]
+    /// (windows, softcap, ALiBi at run time).
     pub variant: Variant,
     pub config: HopperConfig,
 }
@@ -137,16 +139,22 @@ macro_rules! hopper_kernels {
         $callback! {
             (flash_fwd_sm90_d64_f16_full, 64, F16, Full),
             (flash_fwd_sm90_d64_f16_causal, 64, F16, Causal),
+            (flash_fwd_sm90_d64_f16_general, 64, F16, General),
             (flash_fwd_sm90_d64_bf16_full, 64, Bf16, Full),
             (flash_fwd_sm90_d64_bf16_causal, 64, Bf16, Causal),
+            (flash_fwd_sm90_d64_bf16_general, 64, Bf16, General),
             (flash_fwd_sm90_d128_f16_full, 128, F16, Full),
             (flash_fwd_sm90_d128_f16_causal, 128, F16, Causal),
+            (flash_fwd_sm90_d128_f16_general, 128, F16, General),
             (flash_fwd_sm90_d128_bf16_full, 128, Bf16, Full),
             (flash_fwd_sm90_d128_bf16_causal, 128, Bf16, Causal),
+            (flash_fwd_sm90_d128_bf16_general, 128, Bf16, General),
             (flash_fwd_sm90_d256_f16_full, 256, F16, Full),
             (flash_fwd_sm90_d256_f16_causal, 256, F16, Causal),
+            (flash_fwd_sm90_d256_f16_general, 256, F16, General),
             (flash_fwd_sm90_d256_bf16_full, 256, Bf16, Full),
             (flash_fwd_sm90_d256_bf16_causal, 256, Bf16, Causal),
+            (flash_fwd_sm90_d256_bf16_general, 256, Bf16, General),
         }
     };
 }
@@ -186,7 +194,7 @@ const _: () = {
         let k = &HOPPER_KERNELS[i];
         let c = k.config;
         assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(SLAB_COLUMNS));
-        assert!(matches!(k.variant, Variant::Full | Variant::Causal));
+        assert!(matches!(k.variant, Variant::Full | Variant::Causal | Variant::General));
         // wgmma N of S (block_n) and of O (head_dim): 64, 128 or 256.
         assert!(matches!(c.block_n, 64 | 128 | 256) && matches!(c.head_dim, 64 | 128 | 256));
         assert!(c.smem_bytes() <= MAX_HOPPER_SMEM);

@@ -56,9 +56,9 @@ impl FlashAttention {
     ///
     /// On compute capability 9.0 (H100, H200) it also loads the sm_90a
     /// kernels (TMA and `wgmma`), which then run every call they take:
-    /// dense, unsplit, no mask or causal, no softcap or ALiBi, head dim 64,
-    /// 128 or 256, more than 16 query rows, q, k and v 16-byte aligned with
-    /// strides of whole 16 bytes. The sm_80 kernels run every other call
+    /// dense (not packed, not a KV cache), unsplit, head dim 64, 128 or 256,
+    /// more than 16 query rows, q, k and v 16-byte aligned with strides of
+    /// whole 16 bytes; any mask, softcap and ALiBi. The sm_80 kernels run every other call
     /// ([`Self::portable`] runs them only).
     pub fn new() -> Result<Self> {
         Ok(Self { module: KernelModule::load(true)? })

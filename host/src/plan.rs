@@ -356,23 +356,24 @@ impl Plan {
 }
 
 /// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,
-/// if the call is one those kernels take: dense sequences with no score
-/// modifier, no mask or the causal one, no split asked for, a head dim
-/// and element type of the table, more query rows than a decode block, and
-/// q, k and v as TMA reads them (16-byte aligned, strides multiples of 16
-/// bytes).
+/// if the call is one those kernels take: dense sequences, no split asked
+/// for, a head dim and element type of the table, more query rows than a
+/// decode block, and q, k and v as TMA reads them (16-byte aligned, strides
+/// multiples of 16 bytes). Windows, softcap and ALiBi take the general
+/// kernel.
 fn hopper_launch(call: &Call) -> Option<HopperLaunch> {
     let p = &call.problem;
+    let modified = call.softcap.is_some() || call.alibi.is_some();
     let variant = match call.mask {
+        _ if modified => Variant::General,
         Mask::None => Variant::Full,
         Mask::Causal => Variant::Causal,
-        Mask::Window { .. } => return None,
+        Mask::Window { .. } => Variant::General,
     };
     let dense = call.sequences == Sequences::Dense && call.append.is_none();
-    let unmodified = call.softcap.is_none() && call.alibi.is_none();
     let unsplit = matches!(call.num_splits, None | Some(1));
     let decode_rows = attention_kernel(p.head_dim as u32, call.dtype, Variant::Decode)?.config.block_m as usize;
-    if !(dense && unmodified && unsplit) || p.seqlen_q <= decode_rows || gqa_decode_applies(call) {
+    if !(dense && unsplit) || p.seqlen_q <= decode_rows || gqa_decode_applies(call) {
         return None;
     }
     let kernel = hopper_kernel(u32::try_from(p.head_dim).ok()?, call.dtype, variant)?;

@@ -135,12 +135,14 @@ macro_rules! hopper_forward_kernels {
     (@body $dtype:ident, $head_dim:literal, $variant:ident, $params:expr) => {{
         const C: HopperConfig = hopper_config_of($head_dim);
         const CAUSAL: bool = matches!(Variant::$variant, Variant::Causal);
+        const GENERAL: bool = matches!(Variant::$variant, Variant::General);
         hopper_forward::<
             $dtype,
             { C.head_dim as usize },
             { C.block_n as usize },
             { C.stages as usize },
             CAUSAL,
+            GENERAL,
             { C.block_n as usize / 2 },
             { C.head_dim as usize / 2 },
             { C.block_n as usize / 8 },

@@ -230,9 +230,26 @@ pub fn random_inputs<T: TestElement>(case: &Case, rng: &mut impl Rng) -> Inputs<
     }
 }
 
+/// A sliding window and a softcap on top of a [`Case`] (none by default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Modifiers {
+    pub window: (Option<usize>, Option<usize>),
+    pub softcap: Option<f32>,
+}
+
 /// Runs `case` on the GPU into NaN-poisoned outputs; returns O gathered
 /// densely (`[b, sq, hq, d]`) and the LSE.
 pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &Inputs<T>) -> (Vec<f64>, Vec<f32>) {
+    launch_with(attention, case, Modifiers::default(), inputs)
+}
+
+/// As [`launch`], with a window and softcap.
+pub fn launch_with<T: TestElement>(
+    attention: &FlashAttention,
+    case: &Case,
+    modifiers: Modifiers,
+    inputs: &Inputs<T>,
+) -> (Vec<f64>, Vec<f32>) {
     let Inputs { q, k, v } = inputs;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
     let upload = |t: &HostTensor<T>| DeviceBuffer::from_slice(&t.buffer).expect("upload");
@@ -247,6 +264,8 @@ pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &
     let params = AttentionParams {
         causal: case.causal,
         softmax_scale: case.softmax_scale,
+        window: modifiers.window,
+        softcap: modifiers.softcap,
         num_splits: Some(1),
         ..Default::default()
     };
@@ -273,7 +292,18 @@ pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &
 /// Checks a GPU result against the f64 reference; panics, naming the case,
 /// on any failure.
 pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[f32]) -> CaseResult {
-    let problem = ReferenceProblem::dense(
+    check_with(case, Modifiers::default(), inputs, o, lse)
+}
+
+/// As [`check`], for a call with `modifiers`.
+pub fn check_with<T: TestElement>(
+    case: &Case,
+    modifiers: Modifiers,
+    inputs: &Inputs<T>,
+    o: &[f64],
+    lse: &[f32],
+) -> CaseResult {
+    let mut problem = ReferenceProblem::dense(
         case.batch,
         case.seqlen_q,
         case.seqlen_k,
@@ -283,8 +313,10 @@ pub fn check<T: TestElement>(case: &Case, inputs: &Inputs<T>, o: &[f64], lse: &[
         case.causal,
         case.softmax_scale.map_or(1.0 / (case.head_dim as f64).sqrt(), f64::from),
     );
+    problem.window = modifiers.window;
+    problem.softcap = modifiers.softcap.map(f64::from);
     let expected = reference::attention(&problem, &inputs.q.dense, &inputs.k.dense, &inputs.v.dense);
-    check_against::<T>(&format!("{case:?}"), o, lse, &expected)
+    check_against::<T>(&format!("{case:?} {modifiers:?}"), o, lse, &expected)
 }
 
 /// Checks O (`[batch, seqlen_q, heads_q, d]`, gathered densely) and the LSE

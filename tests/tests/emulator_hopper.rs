@@ -7,10 +7,11 @@
 //! sm_90a table runs, on shapes whose query and key counts end inside a
 //! block, with GQA and padded strides.
 
-use flash_attn::pipeline::KernelFamily;
+use flash_attn::pipeline::{validate, KernelFamily, OutputBuffers};
+use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
 use flash_attn::{AttentionParams, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
-use flash_attn_tests::emulator::{self, Dtype, Reference, Tensor};
+use flash_attn_tests::emulator::{self, Dtype, Memory, Output, Reference, Tensor, POISON};
 
 /// Strides of `shape` with padding between heads, rows and batches, in
 /// whole 16 bytes (what TMA takes).
@@ -23,8 +24,21 @@ fn padded_strides(shape: [usize; 4]) -> [usize; 4] {
 
 /// Runs `kernel_name`'s instance on `batch` sequences of `seqlen_q` queries
 /// over `seqlen_k` keys, 2 query heads sharing one key/value head, and
-/// checks O and the LSE against the reference.
+/// checks O and the LSE against the reference. The general kernels get a
+/// causal window of 90 keys and a softcap.
 fn check(kernel_name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed: u64) {
+    let kernel = HOPPER_KERNELS.iter().find(|k| k.name == kernel_name).expect("a row of the sm_90a table");
+    let params = match kernel.variant {
+        Variant::General => {
+            AttentionParams { causal: true, window: (Some(90), None), softcap: Some(10.0), ..Default::default() }
+        }
+        variant => AttentionParams { causal: variant == Variant::Causal, ..Default::default() },
+    };
+    check_with(kernel_name, batch, seqlen_q, seqlen_k, &params, seed);
+}
+
+/// As [`check`], with `params` (no ALiBi: [`check_alibi`]).
+fn check_with(kernel_name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, params: &AttentionParams, seed: u64) {
     let kernel = HOPPER_KERNELS.iter().find(|k| k.name == kernel_name).expect("a row of the sm_90a table");
     let dtype = kernel.dtype;
     let d = kernel.head_dim as usize;
@@ -34,15 +48,14 @@ fn check(kernel_name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed
     let q = Tensor::random(q_shape, padded_strides(q_shape), dtype, seed);
     let k = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 1);
     let v = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 2);
-    let params = AttentionParams { causal: kernel.variant == Variant::Causal, ..Default::default() };
-    let (out, plan) = emulator::forward_on(dtype, &q, &k, &v, padded_strides(q_shape), &params, 0, KernelFamily::Sm90a)
+    let (out, plan) = emulator::forward_on(dtype, &q, &k, &v, padded_strides(q_shape), params, 0, KernelFamily::Sm90a)
         .unwrap_or_else(|e| panic!("{kernel_name}: {e}"));
     let ran = plan.hopper.map(|h| h.kernel.name);
     assert_eq!(ran, Some(kernel_name), "the plan chose another kernel");
-    let errors = Reference::new(&q, &k, &v, dtype, &params)
-        .compare(&out, dtype)
-        .unwrap_or_else(|e| panic!("{kernel_name} b={batch} sq={seqlen_q} sk={seqlen_k}: {e}"));
-    assert!(errors.within(dtype), "{kernel_name} b={batch} sq={seqlen_q} sk={seqlen_k}: {}", errors.describe(dtype));
+    let case = format!("{kernel_name} b={batch} sq={seqlen_q} sk={seqlen_k} {params:?}");
+    let errors =
+        Reference::new(&q, &k, &v, dtype, params).compare(&out, dtype).unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert!(errors.within(dtype), "{case}: {}", errors.describe(dtype));
 }
 
 #[test]
@@ -66,4 +79,69 @@ fn causal_rows_that_see_no_key_and_more_stages_than_blocks() {
         let full = name.replace("causal", "full");
         check(&full, 2, 40, 600, 3);
     }
+}
+
+#[test]
+fn general_kernels_take_windows_and_softcap() {
+    let names =
+        ["flash_fwd_sm90_d64_f16_general", "flash_fwd_sm90_d128_bf16_general", "flash_fwd_sm90_d256_f16_general"];
+    for (i, name) in names.into_iter().enumerate() {
+        let seed = 200 + 10 * i as u64;
+        // A window narrower than a key block on both sides, a one-sided
+        // window beside the causal mask, a softcap, over more keys than
+        // queries.
+        let windowed = AttentionParams { window: (Some(70), Some(30)), ..Default::default() };
+        check_with(name, 1, 150, 300, &windowed, seed);
+        let left = AttentionParams { causal: true, window: (Some(200), None), ..Default::default() };
+        check_with(name, 1, 150, 400, &left, seed + 1);
+        let softcap = AttentionParams { softcap: Some(5.0), causal: true, ..Default::default() };
+        check_with(name, 2, 140, 200, &softcap, seed + 2);
+    }
+}
+
+/// The general kernel `name` with ALiBi slopes per batch and head, causal,
+/// with a softcap, against the f64 reference.
+fn check_alibi(name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed: u64) {
+    let kernel = HOPPER_KERNELS.iter().find(|k| k.name == name).expect("a row of the sm_90a table");
+    let (dtype, d) = (kernel.dtype, kernel.head_dim as usize);
+    let (heads_q, heads_kv) = (4, 2);
+    let q_shape = [batch, seqlen_q, heads_q, d];
+    let kv_shape = [batch, seqlen_k, heads_kv, d];
+    let q = Tensor::random(q_shape, padded_strides(q_shape), dtype, seed);
+    let k = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 1);
+    let v = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 2);
+    let slopes: Vec<f32> = (0..batch * heads_q).map(|i| 0.05 + 0.1 * (i % 5) as f32).collect();
+    let mut o = Tensor::filled(q_shape, padded_strides(q_shape), POISON);
+    let mut lse = vec![f32::NAN; batch * heads_q * seqlen_q];
+    let plan = {
+        let mut memory = Memory::new();
+        let params = AttentionParams {
+            causal: true,
+            softcap: Some(8.0),
+            alibi_slopes: Some(memory.slice("alibi_slopes", &slopes)),
+            ..Default::default()
+        };
+        let (q, k, v) = (memory.tensor("q", &q), memory.tensor("k", &k), memory.tensor("v", &v));
+        let o = memory.output_tensor("o", &mut o);
+        let lse_len = lse.len();
+        let lse_addr = memory.output("lse", &mut lse);
+        let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &params)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        emulator::run_on(&call, &memory, 0, KernelFamily::Sm90a).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    assert_eq!(plan.hopper.map(|h| h.kernel.name), Some(name), "the plan chose another kernel");
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut problem = ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, true, scale);
+    problem.softcap = Some(8.0);
+    let slopes: Vec<f64> = slopes.iter().map(|&s| f64::from(s)).collect();
+    let expected = attention_with_alibi(&problem, Some(&slopes), &q.to_f64(dtype), &k.to_f64(dtype), &v.to_f64(dtype));
+    let reference = Reference { o: expected.o, lse: expected.lse };
+    let errors = reference.compare(&Output { o, lse }, dtype).unwrap_or_else(|e| panic!("{name} with ALiBi: {e}"));
+    assert!(errors.within(dtype), "{name} with ALiBi: {}", errors.describe(dtype));
+}
+
+#[test]
+fn general_kernels_take_alibi() {
+    check_alibi("flash_fwd_sm90_d64_bf16_general", 2, 150, 260, 300);
+    check_alibi("flash_fwd_sm90_d128_f16_general", 1, 200, 130, 310);
 }

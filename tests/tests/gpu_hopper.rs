@@ -2,7 +2,8 @@
 //! and beside the sm_80 kernels (`FlashAttention::portable`) on the same
 //! inputs: every row of the sm_90a table over ragged query and key counts,
 //! GQA and MQA, padded and heads-major layouts, causal with more queries
-//! than keys and the reverse. Each case first asks the host's planner
+//! than keys and the reverse, and for the general kernels windows and
+//! softcaps (ALiBi: gpu_features, and the emulator). Each case first asks the host's planner
 //! which kernel it runs, so a case that silently fell back to the sm_80
 //! kernels fails. Skipped, saying why, without a GPU of compute capability
 //! 9.0; on one, the sm_90a kernels must be loaded.
@@ -13,13 +14,14 @@ use flash_attn::pipeline::{plan_for, validate, KernelFamily, OutputBuffers};
 use flash_attn::{AttentionKernel, AttentionParams, Element, FlashAttention, HOPPER_KERNELS};
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
-    check, f16_and_bf16_tests, gpu, launch, left_out_of_this_run, random_inputs, skipped, Case, Placement, TestElement,
+    check_with, f16_and_bf16_tests, gpu, launch_with, left_out_of_this_run, random_inputs, skipped, Case, Modifiers,
+    Placement, TestElement,
 };
 
 /// The kernel the host plans for `case` on compute capability 9.0: the
 /// call validated at host addresses of the same alignment (16 bytes) and
 /// strides as the device buffers, planned for [`KernelFamily::Sm90a`].
-fn planned_kernel<T: TestElement>(case: &Case) -> String {
+fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> String {
     let dtype = <T as Element>::DTYPE;
     let tensor = |shape: [usize; 4]| emulator::Tensor::filled(shape, case.placement.strides(shape), 0);
     let q_shape = [case.batch, case.seqlen_q, case.heads_q, case.head_dim];
@@ -34,6 +36,8 @@ fn planned_kernel<T: TestElement>(case: &Case) -> String {
     let params = AttentionParams {
         causal: case.causal,
         softmax_scale: case.softmax_scale,
+        window: modifiers.window,
+        softcap: modifiers.softcap,
         num_splits: Some(1),
         ..Default::default()
     };
@@ -89,19 +93,29 @@ fn run<T: TestElement>(test: &str) {
     let dtype = <T as Element>::DTYPE;
     for kernel in HOPPER_KERNELS.iter().filter(|k| k.dtype == dtype) {
         let causal = kernel.name.ends_with("_causal");
-        for case in cases(kernel.head_dim as usize, causal) {
-            let planned = planned_kernel::<T>(&case);
-            assert_eq!(planned, kernel.name, "{case:?}: planned for another kernel");
+        let general = kernel.name.ends_with("_general");
+        for (i, mut case) in cases(kernel.head_dim as usize, causal).into_iter().enumerate() {
+            // The general kernel: windows on one or both sides, a softcap,
+            // alone and with the causal mask.
+            let modifiers = match (general, i % 3) {
+                (false, _) => Modifiers::default(),
+                (true, 0) => Modifiers { window: (Some(100), Some(40)), softcap: None },
+                (true, 1) => Modifiers { window: (None, None), softcap: Some(6.0) },
+                (true, _) => Modifiers { window: (Some(300), None), softcap: Some(20.0) },
+            };
+            case.causal |= general && i % 2 == 1;
+            let planned = planned_kernel::<T>(&case, modifiers);
+            assert_eq!(planned, kernel.name, "{case:?} {modifiers:?}: planned for another kernel");
             if left_out_of_this_run(test, &case, case.batch * case.heads_q * case.seqlen_q * case.seqlen_k) {
                 continue;
             }
             let inputs = random_inputs::<T>(&case, &mut rng);
-            let (o, lse) = launch(&attention, &case, &inputs);
-            let ours = check(&case, &inputs, &o, &lse);
-            let (o80, lse80) = launch(&portable, &case, &inputs);
-            let theirs = check(&case, &inputs, &o80, &lse80);
+            let (o, lse) = launch_with(&attention, &case, modifiers, &inputs);
+            let ours = check_with(&case, modifiers, &inputs, &o, &lse);
+            let (o80, lse80) = launch_with(&portable, &case, modifiers, &inputs);
+            let theirs = check_with(&case, modifiers, &inputs, &o80, &lse80);
             println!(
-                "{test}: ok {} sq={} sk={} heads={}:{} {:?}: O rel err {:.2e} (sm_80 {:.2e}), LSE max err {:.2e} (sm_80 {:.2e})",
+                "{test}: ok {} sq={} sk={} heads={}:{} {:?} {modifiers:?}: O rel err {:.2e} (sm_80 {:.2e}), LSE max err {:.2e} (sm_80 {:.2e})",
                 kernel.name,
                 case.seqlen_q,
                 case.seqlen_k,

@@ -23,7 +23,7 @@ use crate::arch::{self, WgmmaAccumulator};
 use crate::element::Element;
 use crate::mma::{probabilities_as_a, Accumulators};
 use crate::params::ForwardParams;
-use crate::softmax::{OnlineSoftmax, ScoreMask};
+use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
 
 /// The registers of a `wgmma` accumulator as `TILES` n8-tiles of one
 /// m-tile: the same `4 * TILES` f32 in the same order.
@@ -48,6 +48,7 @@ pub unsafe fn compute_tile<
     const BN: usize,
     const STAGES: usize,
     const CAUSAL: bool,
+    const GENERAL: bool,
     const S_REGS: usize,
     const O_REGS: usize,
     const S_TILES: usize,
@@ -62,12 +63,8 @@ pub unsafe fn compute_tile<
 ) {
     let (warp, lane) = (thread / 32, thread % 32);
     let group_first_row = tile.first_row + 64 * group;
-    let mask =
-        ScoreMask { first_row: (group_first_row + 16 * warp) as i32, visibility: tile.visibility, causal: CAUSAL };
-    // The keys the group's first row sees end here: key blocks that reach
-    // past it need the mask (seqlen_k's end, and the diagonal when causal).
-    let unmasked_end = tile.visibility.keys_of_row(group_first_row as i32).1;
-    let scale_log2 = p.scale_log2;
+    let logits = Logits::new::<GENERAL>(p, tile, group_first_row, warp, CAUSAL);
+    let scale_log2 = logits.softmax_scale_log2();
 
     let mut o = WgmmaAccumulator::<O_REGS>::new([0.0; O_REGS]);
     let mut softmax = OnlineSoftmax::<1>::new();
@@ -81,10 +78,7 @@ pub unsafe fn compute_tile<
         arch::wgmma_fence_operand(&mut s);
         release(lane, smem.k_empty(0));
         let s_tiles = as_tiles::<S_REGS, S_TILES>(&mut s);
-        let first_key = tile.key_block_begin * BN as u32;
-        if first_key as i32 + BN as i32 > unmasked_end {
-            mask.apply(s_tiles, first_key as i32, lane);
-        }
+        logits.apply::<GENERAL, S_TILES>(s_tiles, tile.key_block_begin * BN as u32, BN as i32, lane);
         // O is zero: nothing to rescale.
         let _ = softmax.rebase_deferred(s_tiles, scale_log2);
         softmax.exponentiate(s_tiles, scale_log2);
@@ -103,10 +97,7 @@ pub unsafe fn compute_tile<
             arch::wgmma_fence_operand(&mut s);
             release(lane, smem.k_empty(stage));
             let s_tiles = as_tiles::<S_REGS, S_TILES>(&mut s);
-            let first_key = (tile.key_block_begin + i) * BN as u32;
-            if first_key as i32 + BN as i32 > unmasked_end {
-                mask.apply(s_tiles, first_key as i32, lane);
-            }
+            logits.apply::<GENERAL, S_TILES>(s_tiles, (tile.key_block_begin + i) * BN as u32, BN as i32, lane);
             let rescale = softmax.rebase_deferred(s_tiles, scale_log2);
             softmax.exponentiate(s_tiles, scale_log2);
             arch::wgmma_wait_group::<0>();
@@ -133,7 +124,79 @@ pub unsafe fn compute_tile<
         arch::wgmma_fence_operand(&mut o);
         release(lane, smem.v_empty(last));
     }
-    write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, &mut o, group_first_row + 16 * warp, lane);
+    write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, scale_log2, &mut o, group_first_row + 16 * warp, lane);
+}
+
+/// How a warp's raw scores become logits: the score modifiers (softcap,
+/// ALiBi) of the general kernels, then the mask where a key block reaches
+/// outside the keys that every row of the warpgroup sees.
+struct Logits {
+    mask: ScoreMask,
+    modifiers: ScoreModifiers,
+    /// Keys `[begin, end)` that every row of the warpgroup sees: the last
+    /// row's first key (a left window) and the first row's end (seqlen_k,
+    /// the diagonal when causal, a right window).
+    unmasked: (i32, i32),
+}
+
+impl Logits {
+    /// The logits of warp `warp` of the consumer whose first row is
+    /// `group_first_row`.
+    ///
+    /// # Safety
+    /// The ALiBi slopes, where not null, hold the tile's batch and head.
+    #[inline(always)]
+    unsafe fn new<const GENERAL: bool>(
+        p: &ForwardParams,
+        tile: &HopperTile,
+        group_first_row: u32,
+        warp: u32,
+        causal: bool,
+    ) -> Self {
+        let visibility = tile.visibility;
+        let mask = ScoreMask { first_row: (group_first_row + 16 * warp) as i32, visibility, causal };
+        let alibi = GENERAL && !p.alibi_slopes.is_null();
+        let modifiers = ScoreModifiers {
+            scale_log2: p.scale_log2,
+            softcap_scale: if GENERAL { p.softcap_scale } else { 0.0 },
+            softcap_log2: p.softcap_log2,
+            alibi_slope_log2: if alibi {
+                let at = tile.batch as i64 * p.alibi_batch_stride + tile.head as i64;
+                arch::ld_global_f32(p.alibi_slopes.offset(at as isize)) * core::f32::consts::LOG2_E
+            } else {
+                0.0
+            },
+            first_row: mask.first_row,
+            diagonal: visibility.diagonal,
+        };
+        let begin = visibility.keys_of_row(group_first_row as i32 + 63).0;
+        let end = visibility.keys_of_row(group_first_row as i32).1;
+        Logits { mask, modifiers, unmasked: (begin, end) }
+    }
+
+    /// The scale the online softmax applies to the logits.
+    #[inline(always)]
+    fn softmax_scale_log2(&self) -> f32 {
+        self.modifiers.softmax_scale_log2()
+    }
+
+    /// Turns the scores of the `block_n` keys from `first_key` into logits.
+    #[inline(always)]
+    fn apply<const GENERAL: bool, const S_TILES: usize>(
+        &self,
+        s: &mut Accumulators<1, S_TILES>,
+        first_key: u32,
+        block_n: i32,
+        lane: u32,
+    ) {
+        if GENERAL && self.modifiers.active() {
+            self.modifiers.apply(s, first_key as i32, lane);
+        }
+        let (begin, end) = self.unmasked;
+        if (first_key as i32) < begin || first_key as i32 + block_n > end {
+            self.mask.apply(s, first_key as i32, lane);
+        }
+    }
 }
 
 /// One arrival per warp on a stage's empty barrier (its count is the
@@ -211,6 +274,7 @@ unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
     p: &ForwardParams,
     tile: &HopperTile,
     softmax: &OnlineSoftmax<1>,
+    scale_log2: f32,
     o: &mut WgmmaAccumulator<O_REGS>,
     warp_first_row: u32,
     lane: u32,
@@ -222,7 +286,7 @@ unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
     let lse_base = p.lse.offset((batch * p.lse_batch_stride + head * p.lse_head_stride) as isize);
     for half in 0..2 {
         // Every lane joins the quad's shuffles before any leaves.
-        let (norm, lse) = softmax.finish(0, half, p.scale_log2);
+        let (norm, lse) = softmax.finish(0, half, scale_log2);
         let row = warp_first_row + lane / 4 + 8 * half as u32;
         if row >= p.seqlen_q {
             continue;

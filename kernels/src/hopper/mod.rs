@@ -44,19 +44,17 @@ pub struct HopperTile {
 
 impl HopperTile {
     /// The tile of this block: query blocks run in reverse order when
-    /// causal, so that the longest rows start first.
+    /// causal, so that the longest rows start first. The general kernels
+    /// read the window from the parameters; the others fix it.
     #[inline(always)]
-    fn of_block<const BN: usize, const CAUSAL: bool>(p: &HopperParams) -> Self {
+    fn of_block<const BN: usize, const CAUSAL: bool, const GENERAL: bool>(p: &HopperParams) -> Self {
         let f = &p.forward;
         let block = arch::block_idx_x();
         let m_block = if CAUSAL { arch::grid_dim_x() - 1 - block } else { block };
         let first_row = m_block * HOPPER_BLOCK_M;
-        let visibility = Visibility {
-            seqlen_k: f.seqlen_k as i32,
-            diagonal: f.seqlen_k as i32 - f.seqlen_q as i32,
-            left: -1,
-            right: if CAUSAL { 0 } else { -1 },
-        };
+        let (left, right) = if GENERAL { (f.window_left, f.window_right) } else { (-1, if CAUSAL { 0 } else { -1 }) };
+        let visibility =
+            Visibility { seqlen_k: f.seqlen_k as i32, diagonal: f.seqlen_k as i32 - f.seqlen_q as i32, left, right };
         let last_row = (first_row + HOPPER_BLOCK_M).min(f.seqlen_q) - 1;
         let (key_block_begin, key_block_end) = visibility.key_blocks(first_row, last_row, BN as u32);
         HopperTile {
@@ -75,7 +73,8 @@ impl HopperTile {
 }
 
 /// The kernel body of one instance: element `E`, head dim `D`, `BN` keys
-/// per stage, `STAGES` stages, causal or not; the rest are the array sizes
+/// per stage, `STAGES` stages, causal, general (windows, softcap and ALiBi
+/// from the parameters) or neither; the rest are the array sizes
 /// that follow (Rust cannot derive them): `S_REGS = BN / 2` and `O_REGS =
 /// D / 2` accumulator registers, `S_TILES = BN / 8` and `O_TILES = D / 8`
 /// n8-tiles, `P_STEPS = BN / 16` k-steps of `P V`.
@@ -92,6 +91,7 @@ pub unsafe fn hopper_forward<
     const BN: usize,
     const STAGES: usize,
     const CAUSAL: bool,
+    const GENERAL: bool,
     const S_REGS: usize,
     const O_REGS: usize,
     const S_TILES: usize,
@@ -103,7 +103,7 @@ pub unsafe fn hopper_forward<
     const { assert!(S_REGS * 2 == BN && O_REGS * 2 == D && S_TILES * 8 == BN && O_TILES * 8 == D) }
     const { assert!(P_STEPS * 16 == BN) }
     let smem = Smem::<D, BN, STAGES>::at(arch::dynamic_smem_base());
-    let tile = HopperTile::of_block::<BN, CAUSAL>(p);
+    let tile = HopperTile::of_block::<BN, CAUSAL, GENERAL>(p);
     let tid = arch::thread_idx_x();
     if tid == 0 {
         smem.init_barriers();
@@ -117,7 +117,7 @@ pub unsafe fn hopper_forward<
         }
     } else {
         arch::setmaxnreg_inc::<CONSUMER_REGISTERS>();
-        consumer::compute_tile::<E, D, BN, STAGES, CAUSAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
+        consumer::compute_tile::<E, D, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
             &p.forward,
             &smem,
             &tile,
