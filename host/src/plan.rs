@@ -451,11 +451,17 @@ pub fn plan_for(call: &Call, wave: impl Fn(&AttentionKernel) -> usize, family: K
     let heads_q = args.heads_q as usize;
     let decode = kernel_of(Variant::Decode)?;
     let split_kernel = if rows <= decode.config.block_m as usize { decode } else { kernel_of(Variant::General)? };
-    let num_splits = call.num_splits.unwrap_or_else(|| {
-        let ctas = rows.div_ceil(split_kernel.config.block_m as usize).saturating_mul(heads_q).saturating_mul(batch);
-        let key_blocks = (args.seqlen_k as usize).div_ceil(split_kernel.config.block_n as usize);
-        num_splits_heuristic(ctas, key_blocks, wave(split_kernel))
-    });
+    // The sm_90a kernels run unsplit: no partials, no merge.
+    let num_splits = match (&hopper, call.num_splits) {
+        (Some(_), _) => 1,
+        (None, Some(n)) => n,
+        (None, None) => {
+            let ctas =
+                rows.div_ceil(split_kernel.config.block_m as usize).saturating_mul(heads_q).saturating_mul(batch);
+            let key_blocks = (args.seqlen_k as usize).div_ceil(split_kernel.config.block_n as usize);
+            num_splits_heuristic(ctas, key_blocks, wave(split_kernel))
+        }
+    };
     args.num_splits = num_splits as u32;
     // The causal mask of a swapped call is void: the dense kernel without it.
     let kernel = if call.needs_general() || num_splits > 1 {
@@ -641,6 +647,47 @@ mod tests {
         // Forced not to split, a small grid stays dense too.
         let small = splits(causal(call(1, 1000, 1000, 8, 8, 128)), 1);
         assert_eq!(super::plan(&small, h100).unwrap().kernel.variant, Variant::Causal);
+    }
+
+    #[test]
+    fn sm90a_plans_take_dense_calls_and_leave_the_rest_to_sm80() {
+        let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a).unwrap();
+        let hopper = |c: &Call| sm90a(c).hopper.map(|h| (h.kernel.name, h.grid));
+        let dense = call(2, 1000, 1000, 8, 2, 128);
+        assert_eq!(hopper(&dense), Some(("flash_fwd_sm90_d128_f16_full", [8, 8, 2])));
+        assert_eq!(hopper(&causal(dense.clone())).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_causal"));
+        let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..dense.clone() };
+        assert_eq!(hopper(&windowed).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
+        let softcap = Call { softcap: Some(30.0), ..causal(dense.clone()) };
+        assert_eq!(hopper(&softcap).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
+        // The maps: (head_dim, seqlen, heads, batch), byte strides, boxes of
+        // 64 columns and the kernel's rows; k and v share their head.
+        let launch = sm90a(&dense).hopper.unwrap();
+        assert_eq!(launch.maps[0].global_dims[..4], [128, 1000, 8, 2]);
+        assert_eq!(launch.maps[0].global_strides[..3], [2 * 8 * 128, 2 * 128, 2 * 1000 * 8 * 128]);
+        assert_eq!((launch.maps[0].box_dims[1], launch.maps[1].box_dims[1]), (128, 128));
+        assert_eq!(launch.maps[1].global_dims[..4], [128, 1000, 2, 2]);
+        // Its scratch holds the three maps and nothing else: it runs unsplit.
+        let plan = sm90a(&dense);
+        assert_eq!(plan.scratch.bytes, (3 * size_of::<TensorMap>()).next_multiple_of(SCRATCH_ALIGN));
+        assert_eq!((plan.args.num_splits, plan.combine_blocks), (1, 0));
+        // The split heuristic would split this small grid on sm_80.
+        assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().args.num_splits > 1);
+        // Not taken: the sm_80 family, other head dims, packed sequences,
+        // a forced split, decode rows, and strides TMA cannot express.
+        assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().hopper.is_none());
+        assert!(hopper(&call(2, 1000, 1000, 8, 2, 96)).is_none());
+        let packed = Call { sequences: Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512 }, ..dense.clone() };
+        assert!(hopper(&packed).is_none());
+        assert!(hopper(&splits(dense.clone(), 2)).is_none());
+        assert!(hopper(&call(2, 16, 1000, 8, 2, 128)).is_none());
+        assert!(hopper(&call(2, 17, 1000, 8, 2, 128)).is_some());
+        let mut odd_stride = dense.clone();
+        odd_stride.k.strides[1] += 4; // 8 bytes more per row: not a multiple of 16
+        assert!(hopper(&odd_stride).is_none());
+        let mut unaligned = dense;
+        unaligned.v.addr += 8;
+        assert!(hopper(&unaligned).is_none());
     }
 
     #[test]
