@@ -81,8 +81,8 @@ impl FlashAttention {
         self.module.sm_count()
     }
 
-    /// Every attention kernel as the driver compiled the PTX for this GPU,
-    /// sorted by name. The build checks the PTX with the ptxas it installs
+    /// Every attention kernel as the driver compiled the PTX for this GPU
+    /// (the sm_90a ones too, where [`Self::uses_sm90a`]), sorted by name. The build checks the PTX with the ptxas it installs
     /// (`cargo xtask build-ptx`); the driver's own compiler, which produces
     /// the code that runs, may be another version and allocate registers
     /// otherwise.

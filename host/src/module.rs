@@ -211,14 +211,20 @@ impl KernelModule {
             let status = unsafe { (driver()?.func_get_attribute)(&mut value, which, function) };
             check("cuFuncGetAttribute", status).map(|()| value as u32)
         };
+        let sm90a = match &self.hopper {
+            Some((_, functions)) => HOPPER_KERNELS.iter().map(|k| k.name).zip(functions).collect(),
+            None => Vec::new(),
+        };
         let mut kernels = ATTENTION_KERNELS
             .iter()
-            .zip(&self.attention)
-            .map(|(kernel, loaded)| {
+            .map(|k| k.name)
+            .zip(self.attention.iter().map(|loaded| &loaded.function))
+            .chain(sm90a)
+            .map(|(name, &function)| {
                 Ok(KernelResources {
-                    name: kernel.name.to_string(),
-                    registers: attribute(loaded.function, driver::FUNC_NUM_REGS)?,
-                    local_bytes: attribute(loaded.function, driver::FUNC_LOCAL_SIZE_BYTES)?,
+                    name: name.to_string(),
+                    registers: attribute(function, driver::FUNC_NUM_REGS)?,
+                    local_bytes: attribute(function, driver::FUNC_LOCAL_SIZE_BYTES)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
