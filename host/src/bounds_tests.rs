@@ -19,7 +19,7 @@ use proptest::sample::select;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
 use crate::call::Append;
-use crate::plan::{plan, KernelArgs, OutputAddrs, Plan};
+use crate::plan::{plan, plan_for, KernelArgs, KernelFamily, OutputAddrs, Plan};
 use crate::validate::tests_support::device_slice;
 use crate::validate::{validate, AttentionParams, Layout, Placed, MAX_ROW_STRIDE, MAX_SEQLEN};
 use crate::validate::{validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, TableArg};
@@ -942,6 +942,8 @@ struct Stats {
     split: usize,
     gqa_decode: usize,
     general: usize,
+    /// Dense calls the sm_90a planner takes (checked by [`hopper`] too).
+    sm90a: usize,
     errors: HashMap<String, usize>,
 }
 
@@ -1164,6 +1166,9 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
     };
     let call = validated?;
     let plan = plan(&call, |_| f.wave)?;
+    // On compute capability 9.0 the same call may take an sm_90a kernel.
+    let sm90a = plan_for(&call, |_| f.wave, KernelFamily::Sm90a)?;
+    let sm90a = sm90a.hopper.is_some().then_some(sm90a);
     let problem = call.problem;
     // Accepted: the call's buffers, named as the kernels' arguments.
     let names = if cache { Names { k: "k_cache", v: "v_cache" } } else { Names { k: "k", v: "v" } };
@@ -1185,13 +1190,15 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
         Kind::Cache { paged: Some(_), .. } => "paged cache",
     };
     let outputs = OutputAddrs { o: o.addr, lse: lse_addr };
-    Ok(Accepted { plan, outputs, problem, buffers, names, pages_per_seq, page_size: shapes[1][1], kind })
+    Ok(Accepted { plan, sm90a, outputs, problem, buffers, names, pages_per_seq, page_size: shapes[1][1], kind })
 }
 
 /// A call that validation and the plan accepted, as the runtime would
 /// launch it.
 struct Accepted {
     plan: Plan,
+    /// The plan on compute capability 9.0, where it takes an sm_90a kernel.
+    sm90a: Option<Plan>,
     /// Where the call's outputs are.
     outputs: OutputAddrs,
     problem: crate::Problem,
@@ -1258,7 +1265,60 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
     stats.gqa_decode += (a.heads_q as usize != problem.heads_q) as usize;
     stats.general += call.plan.kernel.variant.is_general() as usize;
     let touched = m.touched.clone();
-    (m.finish(), touched)
+    let mut failures = m.finish();
+    if let Some(plan) = &call.sm90a {
+        stats.sm90a += 1;
+        let mut m = Model { buffers: call.buffers.clone(), ..Model::default() };
+        hopper(&mut m, plan, call.outputs);
+        failures.extend(m.finish().into_iter().map(|f| format!("sm_90a: {f}")));
+    }
+    (failures, touched)
+}
+
+/// The sm_90a kernel of a plan (`kernels/src/hopper`), launched with its
+/// outputs and scratch bound: the tensor maps it loads q, k and v through
+/// (each within its tensor, as the call's strides say; boxes past a
+/// tensor's end are zero-filled, reading nothing), the rows of o and the
+/// LSE it writes, the ALiBi slopes it reads.
+fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
+    const SCRATCH: u64 = 1 << 62;
+    let h = plan.hopper.as_ref().expect("an sm_90a plan");
+    let launches = plan.launches(outputs, SCRATCH);
+    let [launch] = launches.as_slice() else {
+        return m.check(false, || format!("{} launches for one sm_90a kernel", launches.len()));
+    };
+    let KernelArgs::Hopper(params) = launch.args else {
+        return m.check(false, || format!("the sm_90a kernel got {:?}", launch.args));
+    };
+    let a = params.forward;
+    m.check(params.tensor_maps as u64 == SCRATCH + plan.scratch.tensor_maps as u64, || "tensor maps".into());
+    m.check(plan.scratch.tensor_maps + 3 * 128 <= plan.scratch.bytes, || "tensor maps past the scratch".into());
+    m.check(a.num_splits == 1 && plan.combine_blocks == 0, || "a split sm_90a plan".into());
+    let (batch, heads, d) = (a.batch as i128, a.heads_q as i128, h.kernel.head_dim as i128);
+    let grid = h.grid.map(i128::from);
+    m.fits("grid x", grid[0], 1..=GRID_X);
+    m.check(grid == [round_up(a.seqlen_q as i128, 128) / 128, heads, batch], || format!("grid {grid:?}"));
+    m.fits("grid y", grid[1], 1..=GRID_YZ);
+    m.fits("grid z", grid[2], 1..=GRID_YZ);
+    m.fits("heads_per_kv", a.heads_per_kv as i128, 1..=heads);
+    for (map, name) in h.maps.iter().zip(["q", "k", "v"]) {
+        m.check(map.validate().is_ok(), || format!("{name}'s tensor map {map:?}"));
+        m.check(map.rank == 4 && map.global_dims[0] as i128 == d, || format!("{name}'s tensor map {map:?}"));
+        m.pointer(name, map.global_address, name);
+        // Element strides of dimensions 1..4 (seqlen, heads, batch).
+        let terms: Vec<(i128, i64)> =
+            (1..4).map(|i| (map.global_dims[i] as i128 - 1, (map.global_strides[i - 1] / 2) as i64)).collect();
+        m.rows(name, 0, &terms, d);
+    }
+    let rows = [(batch - 1, a.o_batch_stride), (a.seqlen_q as i128 - 1, a.o_row_stride), (heads - 1, a.o_head_stride)];
+    m.pointer("o", a.o as u64, "o");
+    m.rows("o", 0, &rows, d);
+    m.pointer("lse", a.lse as u64, "lse");
+    m.touch("lse", 0, &[(batch - 1, a.lse_batch_stride), (heads - 1, a.lse_head_stride), (a.seqlen_q as i128 - 1, 1)]);
+    if !a.alibi_slopes.is_null() {
+        m.pointer("alibi_slopes", a.alibi_slopes as u64, "alibi_slopes");
+        m.touch("alibi_slopes", 0, &[(batch - 1, a.alibi_batch_stride), (heads - 1, 1)]);
+    }
 }
 
 #[test]
@@ -1303,6 +1363,7 @@ fn validation_accepts_only_calls_in_bounds() {
         ("split-KV", stats.split),
         ("GQA decode", stats.gqa_decode),
         ("general kernels", stats.general),
+        ("sm_90a kernels", stats.sm90a),
     ] {
         assert!(n * 200 >= cases, "{what}: {n} of {cases} cases");
     }
