@@ -39,26 +39,37 @@ pub unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
     core::hint::assert_unchecked(heads_per_kv != 0);
     let kv_head = (tile.head / heads_per_kv) as i32;
 
-    arch::mbarrier_arrive_expect_tx(smem.q_full(), HOPPER_BLOCK_M * D as u32 * 2);
-    for slab in 0..slabs {
-        let coords = [(slab * SLAB_COLUMNS) as i32, tile.first_row as i32, q_head, batch];
-        arch::tma_load_4d(smem.q(slab), q_map, coords, smem.q_full());
-    }
+    let q_bytes = HOPPER_BLOCK_M * D as u32 * 2;
+    load_slabs(smem.q_full(), q_bytes, slabs, |slab| smem.q(slab), q_map, [tile.first_row as i32, q_head, batch]);
     let tile_bytes = (BN * D * 2) as u32;
     for i in 0..tile.key_blocks() {
         let (stage, round) = (i % STAGES as u32, i / STAGES as u32);
-        let first_key = ((tile.key_block_begin + i) * BN as u32) as i32;
+        let key_rows = [((tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];
         arch::mbarrier_wait_parity(smem.k_empty(stage), (round & 1) ^ 1);
-        arch::mbarrier_arrive_expect_tx(smem.k_full(stage), tile_bytes);
-        for slab in 0..slabs {
-            let coords = [(slab * SLAB_COLUMNS) as i32, first_key, kv_head, batch];
-            arch::tma_load_4d(smem.k(stage, slab), k_map, coords, smem.k_full(stage));
-        }
+        load_slabs(smem.k_full(stage), tile_bytes, slabs, |slab| smem.k(stage, slab), k_map, key_rows);
         arch::mbarrier_wait_parity(smem.v_empty(stage), (round & 1) ^ 1);
-        arch::mbarrier_arrive_expect_tx(smem.v_full(stage), tile_bytes);
-        for slab in 0..slabs {
-            let coords = [(slab * SLAB_COLUMNS) as i32, first_key, kv_head, batch];
-            arch::tma_load_4d(smem.v(stage, slab), v_map, coords, smem.v_full(stage));
-        }
+        load_slabs(smem.v_full(stage), tile_bytes, slabs, |slab| smem.v(stage, slab), v_map, key_rows);
+    }
+}
+
+/// Loads one tile onto the mbarrier at `full`: its one arrival with the
+/// tile's `bytes`, then one TMA box of `map` per 64-column slab, into
+/// `dst(slab)`, from `[row, head, batch]` of the tensor.
+///
+/// # Safety
+/// `full` is an initialised mbarrier whose phase expects this arrival;
+/// `map` is a tensor map of the ABI's; the slabs fit at `dst`.
+#[inline(always)]
+unsafe fn load_slabs(
+    full: u32,
+    bytes: u32,
+    slabs: u32,
+    dst: impl Fn(u32) -> u32,
+    map: *const TensorMap,
+    [row, head, batch]: [i32; 3],
+) {
+    arch::mbarrier_arrive_expect_tx(full, bytes);
+    for slab in 0..slabs {
+        arch::tma_load_4d(dst(slab), map, [(slab * SLAB_COLUMNS) as i32, row, head, batch], full);
     }
 }
