@@ -176,7 +176,7 @@ pub(crate) fn check(call: &'static str, status: CUresult) -> Result<()> {
 /// The driver's tensor map of `params` (`cuTensorMapEncodeTiled`, no
 /// interleave). The planner chooses maps that pass
 /// [`TensorMapParams::validate`], the driver's rules.
-pub(crate) fn encode_tensor_map(params: &TensorMapParams) -> Result<TensorMap> {
+pub fn encode_tensor_map(params: &TensorMapParams) -> Result<TensorMap> {
     let encode = driver()?
         .tensor_map_encode_tiled
         .ok_or_else(|| Error::DriverUnavailable("the driver has no cuTensorMapEncodeTiled".into()))?;

@@ -163,6 +163,7 @@ pub use workspace::Workspace;
 /// kernels elsewhere (this crate's tests run them on the CPU emulator).
 pub mod pipeline {
     pub use crate::call::{Alibi, Append, CacheLengths, Call, LseLayout, Mask, Outputs, Pages, Sequences, TensorAt};
+    pub use crate::driver::encode_tensor_map;
     pub use crate::plan::{
         plan, plan_for, HopperLaunch, KernelArgs, KernelFamily, Launch, OutputAddrs, Plan, ScratchLayout,
     };

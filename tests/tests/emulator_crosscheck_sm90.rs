@@ -17,52 +17,18 @@ use flash_attn::cust::function::{BlockSize, GridSize};
 use flash_attn::cust::memory::{DeviceBuffer, DeviceCopy};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::cust::sys::{cuFuncSetAttribute, cudaError_enum, CUfunction_attribute, CUresult};
+use flash_attn::cust::sys::{cuFuncSetAttribute, cudaError_enum, CUfunction_attribute};
+use flash_attn::pipeline::encode_tensor_map;
 use flash_attn::{bf16, f16};
 use flash_attn_abi::sm90::{TensorMap, TensorMapParams};
 use flash_attn_kernels::probe_sm90::{self, host::Chunk, host::Inputs, output};
 use flash_attn_tests::{gpu, skipped, TEST_PTX_SM90A};
 use rand::Rng;
 
-extern "C" {
-    // libcuda exports it since CUDA 12.0; cust_raw 0.11 does not declare it.
-    fn cuTensorMapEncodeTiled(
-        map: *mut TensorMap,
-        data_type: u32,
-        rank: u32,
-        address: *mut c_void,
-        dims: *const u64,
-        strides: *const u64,
-        box_dims: *const u32,
-        element_strides: *const u32,
-        interleave: u32,
-        swizzle: u32,
-        l2_promotion: u32,
-        oob_fill: u32,
-    ) -> CUresult;
-}
-
-/// The driver's tensor map of `p` (interleave none).
+/// The driver's tensor map of `p`: the host crate's own encoding call,
+/// the one its sm_90a launches make.
 fn driver_tensor_map(p: &TensorMapParams) -> TensorMap {
-    let mut map = TensorMap([0; 16]);
-    let status = unsafe {
-        cuTensorMapEncodeTiled(
-            &mut map,
-            p.data_type as u32,
-            p.rank,
-            p.global_address as *mut c_void,
-            p.global_dims.as_ptr(),
-            p.global_strides.as_ptr(),
-            p.box_dims.as_ptr(),
-            p.element_strides.as_ptr(),
-            0,
-            p.swizzle as u32,
-            p.l2_promotion as u32,
-            p.oob_fill as u32,
-        )
-    };
-    assert_eq!(status, cudaError_enum::CUDA_SUCCESS, "cuTensorMapEncodeTiled({p:?})");
-    map
+    encode_tensor_map(p).unwrap_or_else(|e| panic!("cuTensorMapEncodeTiled({p:?}): {e}"))
 }
 
 #[derive(Clone, Copy)]
