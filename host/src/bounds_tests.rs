@@ -1209,12 +1209,14 @@ struct Accepted {
     kind: &'static str,
 }
 
+/// Where the model's launches find their scratch memory: far from every buffer.
+const SCRATCH: u64 = 1 << 62;
+
 /// Runs the bounds model over an accepted call: its failures, and the
 /// elements it touches of each buffer.
 fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static str, (i128, i128)>) {
     let mut m = Model { buffers: call.buffers.clone(), ..Model::default() };
     // The launch's scratch: uploaded lengths, then the split-KV partials.
-    const SCRATCH: u64 = 1 << 62;
     let s = call.plan.scratch;
     for (name, offset, end, values) in [
         ("seqused_k (scratch)", s.seqused_k, s.lse_partial, call.plan.upload.clone()),
@@ -1281,7 +1283,6 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
 /// tensor's end are zero-filled, reading nothing), the rows of o and the
 /// LSE it writes, the ALiBi slopes it reads.
 fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
-    const SCRATCH: u64 = 1 << 62;
     let h = plan.hopper.as_ref().expect("an sm_90a plan");
     let launches = plan.launches(outputs, SCRATCH);
     let [launch] = launches.as_slice() else {

@@ -237,6 +237,22 @@ pub struct Modifiers {
     pub softcap: Option<f32>,
 }
 
+impl Case {
+    /// The call's parameters: the case's mask and scale, `modifiers`, never
+    /// split (these cases test the dense kernels; tests/tests/gpu_features.rs
+    /// tests the general ones, split-KV included).
+    pub fn params(&self, modifiers: Modifiers) -> AttentionParams<'static> {
+        AttentionParams {
+            causal: self.causal,
+            softmax_scale: self.softmax_scale,
+            window: modifiers.window,
+            softcap: modifiers.softcap,
+            num_splits: Some(1),
+            ..Default::default()
+        }
+    }
+}
+
 /// Runs `case` on the GPU into NaN-poisoned outputs; returns O gathered
 /// densely (`[b, sq, hq, d]`) and the LSE.
 pub fn launch<T: TestElement>(attention: &FlashAttention, case: &Case, inputs: &Inputs<T>) -> (Vec<f64>, Vec<f32>) {
@@ -259,16 +275,7 @@ pub fn launch_with<T: TestElement>(
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
     let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; lse_len]).expect("lse");
 
-    // Never split: these cases test the dense kernels (tests/tests/gpu_features.rs
-    // tests the general ones, split-KV included).
-    let params = AttentionParams {
-        causal: case.causal,
-        softmax_scale: case.softmax_scale,
-        window: modifiers.window,
-        softcap: modifiers.softcap,
-        num_splits: Some(1),
-        ..Default::default()
-    };
+    let params = case.params(modifiers);
     attention
         .forward_into(
             Tensor::strided(&q_dev, q.shape, q.strides),

@@ -22,6 +22,18 @@ fn padded_strides(shape: [usize; 4]) -> [usize; 4] {
     [s * row + 24, row, head, 1]
 }
 
+/// Standard normal q, k and v of `[batch, seqlen_q, seqlen_k, heads_q,
+/// heads_kv, head_dim]`, with padded strides.
+fn random_qkv(dtype: Dtype, [batch, seqlen_q, seqlen_k, heads_q, heads_kv, d]: [usize; 6], seed: u64) -> [Tensor; 3] {
+    let q_shape = [batch, seqlen_q, heads_q, d];
+    let kv_shape = [batch, seqlen_k, heads_kv, d];
+    [
+        Tensor::random(q_shape, padded_strides(q_shape), dtype, seed),
+        Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 1),
+        Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 2),
+    ]
+}
+
 /// Runs `kernel_name`'s instance on `batch` sequences of `seqlen_q` queries
 /// over `seqlen_k` keys, 2 query heads sharing one key/value head, and
 /// checks O and the LSE against the reference. The general kernels get a
@@ -42,12 +54,8 @@ fn check_with(kernel_name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize,
     let kernel = HOPPER_KERNELS.iter().find(|k| k.name == kernel_name).expect("a row of the sm_90a table");
     let dtype = kernel.dtype;
     let d = kernel.head_dim as usize;
-    let (heads_q, heads_kv) = (2, 1);
-    let q_shape = [batch, seqlen_q, heads_q, d];
-    let kv_shape = [batch, seqlen_k, heads_kv, d];
-    let q = Tensor::random(q_shape, padded_strides(q_shape), dtype, seed);
-    let k = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 1);
-    let v = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 2);
+    let [q, k, v] = random_qkv(dtype, [batch, seqlen_q, seqlen_k, 2, 1, d], seed);
+    let q_shape = q.shape;
     let (out, plan) = emulator::forward_on(dtype, &q, &k, &v, padded_strides(q_shape), params, 0, KernelFamily::Sm90a)
         .unwrap_or_else(|e| panic!("{kernel_name}: {e}"));
     let ran = plan.hopper.map(|h| h.kernel.name);
@@ -105,11 +113,8 @@ fn check_alibi(name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed:
     let kernel = HOPPER_KERNELS.iter().find(|k| k.name == name).expect("a row of the sm_90a table");
     let (dtype, d) = (kernel.dtype, kernel.head_dim as usize);
     let (heads_q, heads_kv) = (4, 2);
-    let q_shape = [batch, seqlen_q, heads_q, d];
-    let kv_shape = [batch, seqlen_k, heads_kv, d];
-    let q = Tensor::random(q_shape, padded_strides(q_shape), dtype, seed);
-    let k = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 1);
-    let v = Tensor::random(kv_shape, padded_strides(kv_shape), dtype, seed + 2);
+    let [q, k, v] = random_qkv(dtype, [batch, seqlen_q, seqlen_k, heads_q, heads_kv, d], seed);
+    let q_shape = q.shape;
     let slopes: Vec<f32> = (0..batch * heads_q).map(|i| 0.05 + 0.1 * (i % 5) as f32).collect();
     let mut o = Tensor::filled(q_shape, padded_strides(q_shape), POISON);
     let mut lse = vec![f32::NAN; batch * heads_q * seqlen_q];

@@ -11,7 +11,7 @@
 use flash_attn::cust::context::CurrentContext;
 use flash_attn::cust::device::DeviceAttribute;
 use flash_attn::pipeline::{plan_for, validate, KernelFamily, OutputBuffers};
-use flash_attn::{AttentionKernel, AttentionParams, Element, FlashAttention, HOPPER_KERNELS};
+use flash_attn::{AttentionKernel, Element, FlashAttention, HOPPER_KERNELS};
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
     check_with, f16_and_bf16_tests, gpu, launch_with, left_out_of_this_run, random_inputs, skipped, Case, Modifiers,
@@ -33,15 +33,7 @@ fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> String {
     let o = memory.output_tensor("o", &mut o);
     let lse_len = lse.len();
     let lse_addr = memory.output("lse", &mut lse);
-    let params = AttentionParams {
-        causal: case.causal,
-        softmax_scale: case.softmax_scale,
-        window: modifiers.window,
-        softcap: modifiers.softcap,
-        num_splits: Some(1),
-        ..Default::default()
-    };
-    let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &params)
+    let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &case.params(modifiers))
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let plan = plan_for(&call, |_: &AttentionKernel| 1, KernelFamily::Sm90a).expect("a plan");
     plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name).to_string()
