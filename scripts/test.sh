@@ -42,6 +42,15 @@ bash scripts/test-bench-cpu.sh
 # The user-facing crates package, with the committed PTX inside, and build
 # from their packages.
 echo "== cargo package"
+# cargo verifies flash-attn against the packaged flash-attn-abi through a local
+# registry. It keys that crate's unpacked source (in CARGO_HOME) and its build
+# (in target/debug) by checkout path and version, not by content, so a machine
+# that packaged an older 0.1.0 from the same path, as a CI machine does,
+# verifies against the stale copy. Our crates never come from crates.io: their
+# unpacked copies and debug builds (where cargo verifies) go first.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/flash-attn-[0-9]* \
+  "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/flash-attn-abi-[0-9]*
+cargo clean --profile dev -p flash-attn-abi
 cargo package --allow-dirty -p flash-attn-abi -p flash-attn
 # The cudarc door alone (default features off: no cust, nothing linked):
 # lints and the library's tests in that build, then a user's
