@@ -7,6 +7,8 @@
 //!   pipeline stages, and the shared memory that follows from them.
 //! - [`kernels`]: the table of kernels (names, variants, configs) that the
 //!   device crate exports and the host loads, and their launch geometry.
+//! - [`backward`]: the backward kernels' table, tile configuration,
+//!   shared-memory layout and argument block.
 //! - [`hopper`]: the sm_90a forward kernels' table, tile configuration,
 //!   shared-memory layout and argument block.
 //! - [`sm90`]: what the sm_90a primitives read from memory: the TMA tensor
@@ -16,6 +18,7 @@
 //! `no_std`, no dependencies: it builds for `nvptx64-nvidia-cuda` as for the host.
 #![no_std]
 
+pub mod backward;
 pub mod config;
 pub mod hopper;
 pub mod kernels;

@@ -9,6 +9,8 @@ pub trait Element {
     fn mma(acc: &mut [f32; 4], a: &[u32; 4], b: &[u32; 2]);
     /// Rounds `lo` and `hi` to this type, `lo` in the low 16 bits.
     fn pack(lo: f32, hi: f32) -> u32;
+    /// The two values of a packed register, low 16 bits first, exactly.
+    fn unpack(x: u32) -> (f32, f32);
     /// `wgmma.mma_async` of this type with A and B in shared memory
     /// ([`arch::wgmma_ss_f16`]); sm_90a only.
     fn wgmma_ss<const R: usize, const TRANS_B: u32>(
@@ -42,6 +44,10 @@ impl Element for F16 {
         arch::pack_f16x2(lo, hi)
     }
     #[inline(always)]
+    fn unpack(x: u32) -> (f32, f32) {
+        arch::unpack_f16x2(x)
+    }
+    #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     fn wgmma_ss<const R: usize, const TRANS_B: u32>(
         acc: &mut WgmmaAccumulator<R>,
@@ -71,6 +77,11 @@ impl Element for Bf16 {
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
         arch::pack_bf16x2(lo, hi)
+    }
+    #[inline(always)]
+    fn unpack(x: u32) -> (f32, f32) {
+        // A bf16 is the high half of the f32 it widens to.
+        (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
     }
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]

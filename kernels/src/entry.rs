@@ -16,9 +16,11 @@
 // The PTX builds export one set of kernels; the other set's imports are unused there.
 #![cfg_attr(target_arch = "nvptx64", allow(unused_imports))]
 
+use flash_attn_abi::backward::{backward_config_of, BackwardConfig, BackwardKernel, BackwardParams, BACKWARD_BLOCK_N};
 use flash_attn_abi::hopper::{hopper_config_of, HopperConfig, HopperKernel, HopperParams};
 use flash_attn_abi::kernels::{config_of, AttentionKernel, Dtype, Variant};
 
+use crate::backward::key_block::backward_key_block;
 use crate::config::TileConfig;
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
@@ -170,8 +172,11 @@ pub fn kernel(name: &str) -> Option<&'static HostKernel> {
 /// on the GPU, a plain function for the emulator on the host.
 macro_rules! kernel {
     ($(#[$doc:meta])* $name:ident($params:ident: $ty:ty) $body:block) => {
+        kernel! { "attention", $(#[$doc])* $name($params: $ty) $body }
+    };
+    ($feature:literal, $(#[$doc:meta])* $name:ident($params:ident: $ty:ty) $body:block) => {
         $(#[$doc])*
-        #[cfg(all(target_arch = "nvptx64", feature = "attention"))]
+        #[cfg(all(target_arch = "nvptx64", feature = $feature))]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name($params: $ty) {
             let $params = &$params;
@@ -197,6 +202,89 @@ kernel! {
 kernel! {
     /// Appends new keys and values to a KV cache ([`crate::append`]).
     kv_cache_append(params: AppendParams) { crate::append::append_kv(params) }
+}
+
+/// A main backward kernel instance as the emulator runs it.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct HostBackwardKernel {
+    /// Its row of the ABI's table of backward kernels.
+    pub kernel: BackwardKernel,
+    /// The kernel body, for each emulated thread to call.
+    pub run: unsafe fn(&BackwardParams),
+}
+
+macro_rules! backward_entry_points {
+    ($(($name:ident, $head_dim:literal, $dtype:ident)),* $(,)?) => {
+        $(
+            #[cfg(all(target_arch = "nvptx64", feature = "attention-backward"))]
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn $name(params: BackwardParams) {
+                backward_entry_points!(@body $dtype, $head_dim, &params)
+            }
+
+            #[cfg(not(target_arch = "nvptx64"))]
+            pub unsafe fn $name(params: &BackwardParams) {
+                backward_entry_points!(@body $dtype, $head_dim, params)
+            }
+        )*
+
+        /// Every main backward kernel instance, as `extern "ptx-kernel"`
+        /// exports them in the backward module.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const BACKWARD_KERNELS: &[HostBackwardKernel] = &[$(HostBackwardKernel {
+            kernel: BackwardKernel {
+                name: stringify!($name),
+                head_dim: $head_dim,
+                dtype: Dtype::$dtype,
+                config: backward_config_of($head_dim),
+            },
+            run: $name,
+        }),*];
+    };
+    (@body $dtype:ident, $head_dim:literal, $params:expr) => {{
+        const C: BackwardConfig = backward_config_of($head_dim);
+        backward_key_block::<
+            $dtype,
+            { C.head_dim as usize },
+            { C.head_dim as usize / 16 },
+            { C.warps as usize },
+            { (BACKWARD_BLOCK_N / C.column_groups() / 8) as usize },
+            { (C.head_dim / C.column_groups() / 8) as usize },
+        >($params)
+    }};
+}
+
+flash_attn_abi::backward_kernels!(backward_entry_points);
+
+/// The main backward instance called `name`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn backward_kernel(name: &str) -> Option<&'static HostBackwardKernel> {
+    BACKWARD_KERNELS.iter().find(|k| k.kernel.name == name)
+}
+
+kernel! {
+    "attention-backward",
+    /// The backward's first kernel ([`crate::backward::rows::prepare`]), f16.
+    flash_bwd_prepare_f16(params: BackwardParams) { crate::backward::rows::prepare::<F16>(params) }
+}
+
+kernel! {
+    "attention-backward",
+    /// The backward's first kernel ([`crate::backward::rows::prepare`]), bf16.
+    flash_bwd_prepare_bf16(params: BackwardParams) { crate::backward::rows::prepare::<Bf16>(params) }
+}
+
+kernel! {
+    "attention-backward",
+    /// The backward's last kernel ([`crate::backward::rows::finish_dq`]), f16.
+    flash_bwd_finish_dq_f16(params: BackwardParams) { crate::backward::rows::finish_dq::<F16>(params) }
+}
+
+kernel! {
+    "attention-backward",
+    /// The backward's last kernel ([`crate::backward::rows::finish_dq`]), bf16.
+    flash_bwd_finish_dq_bf16(params: BackwardParams) { crate::backward::rows::finish_dq::<Bf16>(params) }
 }
 
 /// The primitive probe ([`crate::probe`]) as a kernel: the GPU side of the

@@ -10,7 +10,8 @@
 //! the K/V pipeline (copies, waits, barriers); [`mainloop`] the key loop's
 //! step (Q K^T, mask, online softmax, P V); [`schedule`]
 //! the block scheduler; [`forward`] the kernel body; [`hopper`] the sm_90a
-//! kernels (TMA, `wgmma`, warp specialization); [`entry`] the exported
+//! kernels (TMA, `wgmma`, warp specialization); [`backward`] the backward
+//! kernels (dQ, dK, dV); [`entry`] the exported
 //! kernel instances;
 //! [`probe`] one warp running each primitive, to check the emulator on a GPU;
 //! [`probe_sm90`] the same for the sm_90a primitives (three warpgroups);
@@ -34,6 +35,7 @@
 
 pub mod append;
 pub mod arch;
+pub mod backward;
 pub mod ceiling;
 pub mod combine;
 pub mod element;

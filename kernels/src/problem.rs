@@ -160,6 +160,22 @@ impl Visibility {
         }
     }
 
+    /// The rows `[begin, end)` of `seqlen_q` that see some key of
+    /// `first_key..=last_key` (the backward kernels' query steps of a key
+    /// block): row `i` sees one when `i + diagonal + right >= first_key`
+    /// and `i + diagonal - left <= last_key`.
+    #[inline(always)]
+    pub fn rows_seeing_keys(&self, first_key: u32, last_key: u32, seqlen_q: u32) -> (u32, u32) {
+        let begin = if self.right >= 0 { first_key as i64 - self.diagonal as i64 - self.right as i64 } else { 0 };
+        let end = if self.left >= 0 {
+            last_key as i64 - self.diagonal as i64 + self.left as i64 + 1
+        } else {
+            seqlen_q as i64
+        };
+        let (begin, end) = (begin.clamp(0, seqlen_q as i64) as u32, end.clamp(0, seqlen_q as i64) as u32);
+        (begin, end.max(begin))
+    }
+
     /// The first key block whose scores `first_row` and later rows do not
     /// all see: every later block needs the mask too. Earlier blocks need
     /// none where there is no left window (the dense kernels).

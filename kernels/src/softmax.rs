@@ -363,6 +363,6 @@ fn for_each_score<const M_TILES: usize, const N_TILES: usize>(
 /// an absolute error near 1e-7, and exactly +-1 where `e^(2x)` overflows
 /// or vanishes.
 #[inline(always)]
-fn tanh(x: f32) -> f32 {
+pub(crate) fn tanh(x: f32) -> f32 {
     1.0 - 2.0 * arch::recip(arch::exp2(x * (2.0 * core::f32::consts::LOG2_E)) + 1.0)
 }

@@ -30,6 +30,9 @@ const COMMITTED_TEST_SM90A_PTX: &str = "tests/test-kernels-sm90a.ptx";
 /// `attention-sm90a`), which `host` embeds beside `host/kernels.ptx` and
 /// loads on compute capability 9.0.
 const COMMITTED_SM90A_PTX: &str = "host/kernels-sm90a.ptx";
+/// Committed PTX of the backward kernels (feature `attention-backward`),
+/// which `host` embeds beside `host/kernels.ptx`.
+const COMMITTED_BACKWARD_PTX: &str = "host/kernels-backward.ptx";
 
 /// A PTX module built from `kernels/`: the cargo features it is built with,
 /// its target architecture and the ones ptxas checks it for, its own target
@@ -49,7 +52,7 @@ struct PtxModule {
     maxntid: &'static [(&'static str, u32)],
 }
 
-const PTX_MODULES: [PtxModule; 4] = [
+const PTX_MODULES: [PtxModule; 5] = [
     PtxModule {
         features: &[],
         arch: PTX_ARCH,
@@ -81,6 +84,14 @@ const PTX_MODULES: [PtxModule; 4] = [
         target_dir: "target/ptx-sm90a",
         committed: COMMITTED_SM90A_PTX,
         maxntid: &[("flash_fwd_sm90_", 384)],
+    },
+    PtxModule {
+        features: &["--no-default-features", "--features", "attention-backward"],
+        arch: PTX_ARCH,
+        ptxas_arches: PTXAS_ARCHES,
+        target_dir: "target/ptx-backward",
+        committed: COMMITTED_BACKWARD_PTX,
+        maxntid: &[],
     },
 ];
 
@@ -324,7 +335,7 @@ fn check_resources(root: &Path, ptx: &Path, module: &PtxModule, require_ptxas: b
                 k.name, k.registers, k.cumulative_stack, k.spill_stores, k.spill_loads
             );
             let local = k.stack_frame + k.cumulative_stack + k.spill_stores + k.spill_loads;
-            if k.name.starts_with("flash_fwd") && local > 0 {
+            if (k.name.starts_with("flash_fwd") || k.name.starts_with("flash_bwd")) && local > 0 {
                 failures.push(format!(
                     "{arch} {}: stack frame {} B (cumulative {} B), spills {}/{} B",
                     k.name, k.stack_frame, k.cumulative_stack, k.spill_stores, k.spill_loads

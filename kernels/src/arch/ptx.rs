@@ -258,6 +258,20 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     r
 }
 
+/// `cvt.f32.f16` of both halves of `x`: `(low, high)`, exact.
+#[inline(always)]
+pub fn unpack_f16x2(x: u32) -> (f32, f32) {
+    let (lo, hi): (f32, f32);
+    unsafe {
+        asm!(
+            "{{ .reg .b16 l, h; mov.b32 {{l, h}}, {x}; cvt.f32.f16 {lo}, l; cvt.f32.f16 {hi}, h; }}",
+            lo = out(reg32) lo, hi = out(reg32) hi, x = in(reg32) x,
+            options(pure, nomem, nostack)
+        )
+    };
+    (lo, hi)
+}
+
 /// `st.shared.b32`.
 ///
 /// # Safety
@@ -315,6 +329,16 @@ pub unsafe fn st_global_v4(ptr: *mut u8, value: [u32; 4]) {
 #[inline(always)]
 pub unsafe fn st_global_f32(ptr: *mut f32, value: f32) {
     asm!("st.global.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack));
+}
+
+/// `red.global.add.f32`: adds `value` to the f32 at `ptr` atomically
+/// (relaxed, GPU scope), returning nothing.
+///
+/// # Safety
+/// `ptr` must point to a writable, 4-byte aligned f32 of global memory.
+#[inline(always)]
+pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
+    asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack));
 }
 
 /// `st.global.b32`.

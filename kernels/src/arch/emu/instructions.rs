@@ -5,6 +5,7 @@
 
 use std::cell::Cell;
 use std::panic::Location;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use flash_attn_abi::sm90::{MatrixDescriptor, TensorMapError, TensorMapParams};
 
@@ -251,6 +252,11 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     float::cvt_rn_bf16x2(lo, hi)
 }
 
+/// `cvt.f32.f16` of both halves of `x`: `(low, high)`, exact.
+pub fn unpack_f16x2(x: u32) -> (f32, f32) {
+    (half::f16::from_bits(x as u16).to_f32(), half::f16::from_bits((x >> 16) as u16).to_f32())
+}
+
 /// `st.shared.b32`.
 ///
 /// # Safety
@@ -311,6 +317,39 @@ pub unsafe fn st_global_v4(ptr: *mut u8, value: [u32; 4]) {
 #[track_caller]
 pub unsafe fn st_global_f32(ptr: *mut f32, value: f32) {
     store_global(ptr as *mut u8, &value.to_le_bytes(), "st.global.f32", Location::caller());
+}
+
+/// `red.global.add.f32`: adds `value` to the f32 at `ptr` atomically, as
+/// blocks on other OS threads may add to the same address.
+///
+/// # Safety
+/// `ptr` must point to a writable, 4-byte aligned f32 of global memory.
+#[track_caller]
+pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
+    let site = Location::caller();
+    context::with(|t| {
+        let access = Access {
+            instruction: "red.global.add.f32",
+            site,
+            thread: t.tid,
+            addr: ptr as usize,
+            len: 4,
+            align: 4,
+            write: true,
+        };
+        t.ok(t.block.global.check(&access));
+        // SAFETY: a registered writable allocation, 4-byte aligned (checked
+        // above); every emulated access to it that may race is this atomic.
+        let cell = unsafe { &*(ptr as *const AtomicU32) };
+        let mut old = cell.load(Ordering::Relaxed);
+        loop {
+            let new = (f32::from_bits(old) + value).to_bits();
+            match cell.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(current) => old = current,
+            }
+        }
+    })
 }
 
 /// `st.global.b32`.

@@ -1,0 +1,252 @@
+//! The backward kernels (issue 31): their table, tile configuration,
+//! shared-memory layout and argument block.
+//!
+//! One backward call is three launches on the same [`BackwardParams`]:
+//!
+//! 1. `flash_bwd_prepare_{f16|bf16}`: per query row, `delta = rowsum(dO * O)`
+//!    into [`BackwardParams::delta`], and the row of the f32 dQ accumulator
+//!    zeroed. Grid [`row_grid`], [`ROW_KERNEL_THREADS`] threads.
+//! 2. `flash_bwd_d{head_dim}_{f16|bf16}`: one block per key block of one
+//!    key/value head and batch (grid [`BackwardConfig::grid`]). It walks the
+//!    query rows of every query head of its group that see its keys,
+//!    recomputes P from Q, K and the saved LSE, accumulates dK and dV in
+//!    registers and adds each query block's dQ to the f32 accumulator with
+//!    atomics. Writes dK (scaled) and dV.
+//! 3. `flash_bwd_finish_dq_{f16|bf16}`: dQ = softmax_scale * accumulator,
+//!    rounded. Grid [`row_grid`], [`ROW_KERNEL_THREADS`] threads.
+//!
+//! The table lists every main kernel once
+//! ([`backward_kernels!`](crate::backward_kernels)); the device crate makes
+//! the entry points of `host/kernels-backward.ptx` from it.
+
+use crate::config::smem_row_bytes;
+use crate::kernels::Dtype;
+use crate::params::ForwardParams;
+
+/// Query rows the main kernel takes per step, and keys per block.
+pub const BACKWARD_BLOCK_M: u32 = 64;
+pub const BACKWARD_BLOCK_N: u32 = 64;
+
+/// Threads of the row kernels (prepare and finish), and the query rows one
+/// block of them covers: one warp per row at a time, a lane per 8 columns.
+pub const ROW_KERNEL_THREADS: u32 = 128;
+pub const ROW_KERNEL_ROWS: u32 = 16;
+
+/// Dynamic shared memory a block may have on sm_80 (the smallest of the
+/// GPUs the PTX runs on).
+pub const MAX_BACKWARD_SMEM: u32 = 163 * 1024;
+
+/// The arguments of all three backward kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardParams {
+    /// The forward call whose gradients these are: q, k, v, o and its lse
+    /// (read only), strides, sizes, `cu_seqlens_q`/`cu_seqlens_k`, window,
+    /// softcap and ALiBi. `o` is read, never written; split-KV, paged KV and
+    /// `seqused_k` are not taken (`num_splits = 1`, the rest null).
+    pub forward: ForwardParams,
+    /// dO, as q's layout.
+    pub d_o: *const u16,
+    pub d_o_batch_stride: i64,
+    pub d_o_row_stride: i64,
+    pub d_o_head_stride: i64,
+    /// dQ, as q's layout.
+    pub d_q: *mut u16,
+    pub d_q_batch_stride: i64,
+    pub d_q_row_stride: i64,
+    pub d_q_head_stride: i64,
+    /// dK and dV, as k's and v's layouts.
+    pub d_k: *mut u16,
+    pub d_k_batch_stride: i64,
+    pub d_k_row_stride: i64,
+    pub d_k_head_stride: i64,
+    pub d_v: *mut u16,
+    pub d_v_batch_stride: i64,
+    pub d_v_row_stride: i64,
+    pub d_v_head_stride: i64,
+    /// Scratch, f32: `rowsum(dO * O)` of each query row, indexed as the
+    /// forward's lse; and the dQ accumulator, `head_dim` values per row at
+    /// `head_dim` times that index.
+    pub delta: *mut f32,
+    pub d_q_accum: *mut f32,
+    /// The softmax scale itself (the forward holds it times log2(e)).
+    pub softmax_scale: f32,
+    pub head_dim: u32,
+}
+
+/// The tile shape of one main backward kernel instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardConfig {
+    pub head_dim: u32,
+    /// 4 or 8. Warp `w` owns rows `16 (w % 4)` of a query step, and its
+    /// part `w / 4` of the keys (scores) or of the head dim (gradients).
+    pub warps: u32,
+}
+
+/// Byte offsets of the shared-memory regions of the main kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardSmem {
+    /// The query step's Q and dO: [`BACKWARD_BLOCK_M`] rows each.
+    pub q: u32,
+    pub d_o: u32,
+    /// The block's K and V: [`BACKWARD_BLOCK_N`] rows each.
+    pub k: u32,
+    pub v: u32,
+    /// The step's P and dS, rounded: `BLOCK_M x BLOCK_N` each.
+    pub p: u32,
+    pub d_s: u32,
+    /// The step's LSE (log2, scaled) and delta per row, f32.
+    pub lse: u32,
+    pub delta: u32,
+    pub end: u32,
+}
+
+impl BackwardConfig {
+    pub const fn threads(&self) -> u32 {
+        self.warps * 32
+    }
+
+    /// Parts the keys of a score tile and the columns of a gradient tile
+    /// are split in among the warps of one row group.
+    pub const fn column_groups(&self) -> u32 {
+        self.warps / 4
+    }
+
+    pub const fn layout(&self) -> BackwardSmem {
+        let row = smem_row_bytes(self.head_dim);
+        let q = 0;
+        let d_o = q + BACKWARD_BLOCK_M * row;
+        let k = d_o + BACKWARD_BLOCK_M * row;
+        let v = k + BACKWARD_BLOCK_N * row;
+        let p = v + BACKWARD_BLOCK_N * row;
+        let d_s = p + BACKWARD_BLOCK_M * smem_row_bytes(BACKWARD_BLOCK_N);
+        let lse = d_s + BACKWARD_BLOCK_M * smem_row_bytes(BACKWARD_BLOCK_N);
+        let delta = lse + BACKWARD_BLOCK_M * 4;
+        BackwardSmem { q, d_o, k, v, p, d_s, lse, delta, end: delta + BACKWARD_BLOCK_M * 4 }
+    }
+
+    pub const fn smem_bytes(&self) -> u32 {
+        self.layout().end
+    }
+
+    /// `(key blocks of the longest sequence, key/value heads, batch)`.
+    pub const fn grid(&self, seqlen_k: u32, heads_kv: u32, batch: u32) -> [u32; 3] {
+        [seqlen_k.div_ceil(BACKWARD_BLOCK_N), heads_kv, batch]
+    }
+}
+
+/// The grid of the row kernels: `(row blocks of the longest sequence,
+/// query heads, batch)`.
+pub const fn row_grid(seqlen_q: u32, heads_q: u32, batch: u32) -> [u32; 3] {
+    [seqlen_q.div_ceil(ROW_KERNEL_ROWS), heads_q, batch]
+}
+
+/// The tile shape of the main kernel of `head_dim`, if it has one: four
+/// warps at d=32, eight above (each with half the head dim of dK and dV),
+/// so that dK, dV, the scores and dQ stay in registers. Head dims 160-256
+/// spill in this shape (docs/backward.md).
+pub const fn backward_config(head_dim: u32) -> Option<BackwardConfig> {
+    match head_dim {
+        32 => Some(BackwardConfig { head_dim, warps: 4 }),
+        64 | 96 | 128 => Some(BackwardConfig { head_dim, warps: 8 }),
+        _ => None,
+    }
+}
+
+/// The config of a row of the table; a missing one stops the build.
+pub const fn backward_config_of(head_dim: u32) -> BackwardConfig {
+    match backward_config(head_dim) {
+        Some(config) => config,
+        None => panic!("a backward kernel of the table has no config"),
+    }
+}
+
+/// One main backward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardKernel {
+    /// The PTX entry point.
+    pub name: &'static str,
+    pub head_dim: u32,
+    pub dtype: Dtype,
+    pub config: BackwardConfig,
+}
+
+/// Calls `$callback!` with every main backward kernel, one `(entry_point,
+/// head_dim, Dtype)` row each: the one list of them.
+#[macro_export]
+macro_rules! backward_kernels {
+    ($callback:ident) => {
+        $callback! {
+            (flash_bwd_d32_f16, 32, F16),
+            (flash_bwd_d32_bf16, 32, Bf16),
+            (flash_bwd_d64_f16, 64, F16),
+            (flash_bwd_d64_bf16, 64, Bf16),
+            (flash_bwd_d96_f16, 96, F16),
+            (flash_bwd_d96_bf16, 96, Bf16),
+            (flash_bwd_d128_f16, 128, F16),
+            (flash_bwd_d128_bf16, 128, Bf16),
+        }
+    };
+}
+
+macro_rules! backward_table {
+    ($(($name:ident, $head_dim:literal, $dtype:ident)),* $(,)?) => {
+        /// Every main backward kernel.
+        pub const BACKWARD_KERNELS: &[BackwardKernel] = &[$(BackwardKernel {
+            name: stringify!($name),
+            head_dim: $head_dim,
+            dtype: Dtype::$dtype,
+            config: backward_config_of($head_dim),
+        }),*];
+    };
+}
+
+backward_kernels!(backward_table);
+
+/// The main backward kernel of `head_dim` and `dtype`, if there is one.
+pub fn backward_kernel(head_dim: u32, dtype: Dtype) -> Option<&'static BackwardKernel> {
+    BACKWARD_KERNELS.iter().find(|k| k.head_dim == head_dim && k.dtype == dtype)
+}
+
+// The invariants of every row, checked as the crate builds.
+const _: () = {
+    let mut i = 0;
+    while i < BACKWARD_KERNELS.len() {
+        let c = BACKWARD_KERNELS[i].config;
+        assert!(c.head_dim == BACKWARD_KERNELS[i].head_dim && c.head_dim.is_multiple_of(32));
+        assert!(c.warps == 4 || c.warps == 8);
+        // Each warp's part of the head dim and of a score row is whole
+        // pairs of 8-column tiles (one ldmatrix.x4 each).
+        assert!((c.head_dim / c.column_groups()).is_multiple_of(16));
+        assert!((BACKWARD_BLOCK_N / c.column_groups()).is_multiple_of(16));
+        // A lane per 8 columns in the row kernels.
+        assert!(c.head_dim / 8 <= 32);
+        assert!(c.smem_bytes() <= MAX_BACKWARD_SMEM);
+        i += 1;
+    }
+    // Four row groups of 16 rows cover a query step and a key block.
+    assert!(BACKWARD_BLOCK_M == 64 && BACKWARD_BLOCK_N == 64);
+};
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::format;
+
+    #[test]
+    fn names_follow_head_dim_and_dtype() {
+        for k in BACKWARD_KERNELS {
+            assert_eq!(k.name, format!("flash_bwd_d{}_{}", k.head_dim, k.dtype.name()));
+            assert_eq!(backward_kernel(k.head_dim, k.dtype), Some(k));
+        }
+        assert_eq!(BACKWARD_KERNELS.len(), 8);
+    }
+
+    #[test]
+    fn d128_layout_is_q_do_k_v_then_p_and_ds() {
+        let l = backward_config_of(128).layout();
+        assert_eq!((l.q, l.d_o, l.k, l.v, l.p), (0, 16384, 32768, 49152, 65536));
+        assert_eq!(l.end, 65536 + 2 * 8192 + 512);
+    }
+}

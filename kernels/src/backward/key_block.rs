@@ -1,0 +1,302 @@
+//! The main backward kernel: one block per key block of
+//! [`BACKWARD_BLOCK_N`] keys of one key/value head and batch.
+//!
+//! It loads its K and V once, then walks every query step (a block of
+//! [`BACKWARD_BLOCK_M`] rows) of every query head of its group whose rows see
+//! some of its keys. Per step, with `Q`, `dO`, the rows' LSE and delta in
+//! shared memory:
+//!
+//! 1. scores: `S = Q K^T` and `dP = dO V^T`, then `P = exp(logits - LSE)`
+//!    with the forward's score modifiers and mask, and `dS = P (dP -
+//!    delta)` (times `1 - tanh^2` through a softcap), by warp `w` for rows
+//!    `16 (w % 4)..` and its part `w / 4` of the keys; P and dS go to shared
+//!    memory, rounded to the element type as the products take them;
+//! 2. gradients: `dV += P^T dO` and `dK += dS^T Q` for keys `16 (w % 4)..`
+//!    and the warp's part of the head dim, kept in registers through all
+//!    steps; `dQ += dS K` for rows `16 (w % 4)..` and the same part of the
+//!    head dim, added to the f32 accumulator with `red.global.add`.
+//!
+//! The softmax scale multiplies dK at the end and dQ in
+//! [`super::rows::finish_dq`]; dS itself is the gradient of the logits
+//! (after the scale).
+//!
+//! Keys that no row sees get zero gradients; rows past the batch's
+//! `seqlen_q` are zero-filled, with an LSE of +inf so that their P is 0.
+
+use super::fragments::{
+    accumulate_over_rows, rows_times_rows, ColumnsAsA, ColumnsAsB, FragmentsInTile, RowsAsA, RowsAsB,
+};
+use super::{row_offset, BatchRows};
+use crate::arch;
+use crate::element::Element;
+use crate::layout::SmemTile;
+use crate::problem::Visibility;
+use crate::softmax::{tanh, ScoreMask, ScoreModifiers};
+use crate::tile_copy::load_tile_async;
+use flash_attn_abi::backward::{backward_config_of, BackwardParams, BACKWARD_BLOCK_M, BACKWARD_BLOCK_N};
+
+/// Rows of each warp in a step, and keys of each warp in the block.
+const WARP_ROWS: u32 = 16;
+/// Row groups of a step (and key groups of the block).
+const ROW_GROUPS: u32 = BACKWARD_BLOCK_M / WARP_ROWS;
+
+/// The kernel body of the instance of `HEAD_DIM` and `E`. The const generics
+/// are the array sizes Rust cannot derive in a generic context, asserted
+/// against the config: `HEAD_DIM_16 = HEAD_DIM / 16`, `WARPS` (the
+/// config's), `SCORE_TILES = BLOCK_N / (WARPS / 4) / 8` (a warp's 8-key
+/// tiles of a score row) and `GRAD_TILES = HEAD_DIM / (WARPS / 4) / 8` (its
+/// 8-column tiles of a gradient row).
+///
+/// # Safety
+/// `params` must describe tensors the host validated for this instance; the
+/// launch must use `WARPS * 32` threads, the config's grid and shared
+/// memory, after [`super::rows::prepare`] on the same params.
+#[inline(always)]
+pub unsafe fn backward_key_block<
+    E: Element,
+    const HEAD_DIM: usize,
+    const HEAD_DIM_16: usize,
+    const WARPS: usize,
+    const SCORE_TILES: usize,
+    const GRAD_TILES: usize,
+>(
+    params: &BackwardParams,
+) {
+    let config = const { backward_config_of(HEAD_DIM as u32) };
+    const {
+        let c = backward_config_of(HEAD_DIM as u32);
+        let groups = c.column_groups() as usize;
+        assert!(WARPS == c.warps as usize && HEAD_DIM_16 * 16 == HEAD_DIM);
+        assert!(SCORE_TILES * 8 * groups == BACKWARD_BLOCK_N as usize);
+        assert!(GRAD_TILES * 8 * groups == HEAD_DIM);
+    }
+    let f = &params.forward;
+    let tid = arch::thread_idx_x();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let threads = (WARPS * 32) as u32;
+    let (row_group, column_group) = (warp % ROW_GROUPS, warp / ROW_GROUPS);
+    let (n_block, kv_head, batch) = (arch::block_idx_x(), arch::block_idx_y(), arch::block_idx_z());
+
+    let rows = BatchRows::of(f, batch);
+    let first_key = n_block * BACKWARD_BLOCK_N;
+    if first_key >= rows.seqlen_k {
+        return; // past this batch's keys (variable lengths)
+    }
+    let keys_in_block = (rows.seqlen_k - first_key).min(BACKWARD_BLOCK_N);
+    let visibility = Visibility {
+        seqlen_k: rows.seqlen_k as i32,
+        diagonal: rows.seqlen_k as i32 - rows.seqlen_q as i32,
+        left: f.window_left,
+        right: f.window_right,
+    };
+    let (row_begin, row_end) = visibility.rows_seeing_keys(first_key, first_key + keys_in_block - 1, rows.seqlen_q);
+
+    // Shared memory (the config's layout).
+    let smem = arch::dynamic_smem_base();
+    let layout = config.layout();
+    let q_tile = SmemTile::<HEAD_DIM>::at(smem + layout.q);
+    let d_o_tile = SmemTile::<HEAD_DIM>::at(smem + layout.d_o);
+    let k_tile = SmemTile::<HEAD_DIM>::at(smem + layout.k);
+    let v_tile = SmemTile::<HEAD_DIM>::at(smem + layout.v);
+    let p_tile = SmemTile::<{ BACKWARD_BLOCK_N as usize }>::at(smem + layout.p);
+    let d_s_tile = SmemTile::<{ BACKWARD_BLOCK_N as usize }>::at(smem + layout.d_s);
+    let (lse_smem, delta_smem) = (smem + layout.lse, smem + layout.delta);
+
+    // K and V of the block, once.
+    let key_offset = |batch_stride: i64, row_stride: i64, head_stride: i64| {
+        (rows.k_offset(batch_stride, row_stride) + row_offset(first_key, kv_head, row_stride, head_stride)) as isize
+    };
+    let k = f.k.offset(key_offset(f.k_batch_stride, f.k_row_stride, f.k_head_stride));
+    let v = f.v.offset(key_offset(f.v_batch_stride, f.v_row_stride, f.v_head_stride));
+    let block_n = BACKWARD_BLOCK_N;
+    load_tile_async::<HEAD_DIM>(k_tile, block_n, k, f.k_row_stride as u32, keys_in_block, tid, threads, false);
+    load_tile_async::<HEAD_DIM>(v_tile, block_n, v, f.v_row_stride as u32, keys_in_block, tid, threads, false);
+    arch::cp_async_commit();
+
+    // What a warp works on: its score rows and keys, its gradient keys (dK,
+    // dV) and rows (dQ), and its columns of both.
+    let score_row = row_group * WARP_ROWS;
+    let score_key = column_group * (SCORE_TILES * 8) as u32;
+    let grad_row = row_group * WARP_ROWS;
+    let grad_col = column_group * (GRAD_TILES * 8) as u32;
+    let grad_chunk = grad_col / 8;
+    // The operands, each a lane address.
+    let (q_rows, d_o_rows) = (RowsAsA::new(q_tile, score_row, lane), RowsAsA::new(d_o_tile, score_row, lane));
+    let (k_rows, v_rows) = (RowsAsB::new(k_tile, score_key, lane), RowsAsB::new(v_tile, score_key, lane));
+    let (p_columns, d_s_columns) = (ColumnsAsA::new(p_tile, grad_row, lane), ColumnsAsA::new(d_s_tile, grad_row, lane));
+    let d_s_rows = RowsAsA::new(d_s_tile, grad_row, lane);
+    let (q_columns, d_o_columns) = (ColumnsAsB::new(q_tile, lane), ColumnsAsB::new(d_o_tile, lane));
+    let k_columns = ColumnsAsB::new(k_tile, lane);
+    let p_out = FragmentsInTile::new(p_tile, score_row, score_key, lane);
+    let d_s_out = FragmentsInTile::new(d_s_tile, score_row, score_key, lane);
+    let mut d_k = [[0f32; 4]; GRAD_TILES];
+    let mut d_v = [[0f32; 4]; GRAD_TILES];
+
+    let softcap = f.softcap_scale != 0.0;
+    let first_head = kv_head * f.heads_per_kv;
+    for head in first_head..first_head + f.heads_per_kv {
+        let alibi_slope_log2 = if f.alibi_slopes.is_null() {
+            0.0
+        } else {
+            let slope = f.alibi_slopes.offset((batch as i64 * f.alibi_batch_stride + head as i64) as isize);
+            arch::ld_global_f32(slope) * core::f32::consts::LOG2_E
+        };
+        let mut first_row = row_begin / BACKWARD_BLOCK_M * BACKWARD_BLOCK_M;
+        while first_row < row_end {
+            let rows_in_step = (rows.seqlen_q - first_row).min(BACKWARD_BLOCK_M);
+            let last_row = first_row + rows_in_step - 1;
+            // Q, dO, and each row's LSE (log2; +inf for rows that see no key
+            // or do not exist, so that P = 0) and delta.
+            let step_rows = |batch_stride: i64, row_stride: i64, head_stride: i64| {
+                (rows.q_offset(batch_stride, row_stride) + row_offset(first_row, head, row_stride, head_stride))
+                    as isize
+            };
+            let q = f.q.offset(step_rows(f.q_batch_stride, f.q_row_stride, f.q_head_stride));
+            let d_o =
+                params.d_o.offset(step_rows(params.d_o_batch_stride, params.d_o_row_stride, params.d_o_head_stride));
+            let block_m = BACKWARD_BLOCK_M;
+            // %tid.x read here again: the copies' offsets from it are then
+            // recomputed each step rather than held through the loop (a
+            // register each per copy pass, spilled at d = 160-224).
+            let tid = arch::thread_idx_x_here();
+            load_tile_async::<HEAD_DIM>(q_tile, block_m, q, f.q_row_stride as u32, rows_in_step, tid, threads, false);
+            load_tile_async::<HEAD_DIM>(
+                d_o_tile,
+                block_m,
+                d_o,
+                params.d_o_row_stride as u32,
+                rows_in_step,
+                tid,
+                threads,
+                false,
+            );
+            arch::cp_async_commit();
+            if tid < BACKWARD_BLOCK_M {
+                let (mut lse_log2, mut delta) = (f32::INFINITY, 0.0);
+                if tid < rows_in_step {
+                    let index = rows.lse_index(f, head, first_row + tid) as isize;
+                    let lse = arch::ld_global_f32(f.lse.offset(index));
+                    if lse != f32::NEG_INFINITY {
+                        lse_log2 = lse * core::f32::consts::LOG2_E;
+                    }
+                    delta = arch::ld_global_f32(params.delta.offset(index));
+                }
+                arch::st_shared_u32(lse_smem + 4 * tid, lse_log2.to_bits());
+                arch::st_shared_u32(delta_smem + 4 * tid, delta.to_bits());
+            }
+            arch::cp_async_wait::<0>();
+            arch::sync_threads();
+
+            // 1. Scores, P and dS of the warp's rows and keys.
+            let mut s = rows_times_rows::<E, SCORE_TILES, HEAD_DIM_16, HEAD_DIM>(q_rows, k_rows);
+            let mut d_p = rows_times_rows::<E, SCORE_TILES, HEAD_DIM_16, HEAD_DIM>(d_o_rows, v_rows);
+            // dS / P: `dP - delta`, times the softcap's derivative `1 - tanh^2`
+            // (from the raw scores, before the modifiers replace them).
+            for half in 0..2 {
+                let delta = f32::from_bits(arch::ld_shared_u32(delta_smem + 4 * (score_row + lane / 4 + 8 * half)));
+                for n in 0..SCORE_TILES {
+                    for i in 2 * half as usize..2 * half as usize + 2 {
+                        d_p[0][n][i] -= delta;
+                        if softcap {
+                            let t = tanh(s[0][n][i] * f.softcap_scale);
+                            d_p[0][n][i] *= 1.0 - t * t;
+                        }
+                    }
+                }
+            }
+            let modifiers = ScoreModifiers {
+                scale_log2: f.scale_log2,
+                softcap_scale: f.softcap_scale,
+                softcap_log2: f.softcap_log2,
+                alibi_slope_log2,
+                first_row: (first_row + score_row) as i32,
+                diagonal: visibility.diagonal,
+            };
+            let warp_first_key = (first_key + score_key) as i32;
+            if modifiers.active() {
+                modifiers.apply::<1, SCORE_TILES>(&mut s, warp_first_key, lane);
+            }
+            if visibility.block_needs_mask(first_row, last_row, first_key, BACKWARD_BLOCK_N) {
+                let mask = ScoreMask { first_row: (first_row + score_row) as i32, visibility, causal: false };
+                mask.apply::<1, SCORE_TILES>(&mut s, warp_first_key, lane);
+            }
+            let scale_log2 = modifiers.softmax_scale_log2();
+            for half in 0..2 {
+                let row = score_row + lane / 4 + 8 * half;
+                let lse_log2 = f32::from_bits(arch::ld_shared_u32(lse_smem + 4 * row));
+                for n in 0..SCORE_TILES {
+                    let mut p = [0f32; 2];
+                    let mut d_s = [0f32; 2];
+                    for c in 0..2 {
+                        let i = 2 * half as usize + c;
+                        p[c] = arch::exp2(arch::fma(s[0][n][i], scale_log2, -lse_log2));
+                        d_s[c] = p[c] * d_p[0][n][i];
+                    }
+                    arch::st_shared_u32(p_out.pair_addr(half, n as u32), E::pack(p[0], p[1]));
+                    arch::st_shared_u32(d_s_out.pair_addr(half, n as u32), E::pack(d_s[0], d_s[1]));
+                }
+            }
+            arch::sync_threads();
+
+            // 2. Gradients: dV and dK of the warp's keys, then dQ of its rows.
+            const STEP_K16: usize = (BACKWARD_BLOCK_M / 16) as usize;
+            const BLOCK_K16: usize = (BACKWARD_BLOCK_N / 16) as usize;
+            let p_t = |k| p_columns.load(k);
+            accumulate_over_rows::<E, GRAD_TILES, STEP_K16, HEAD_DIM>(&mut d_v, p_t, d_o_columns, grad_chunk);
+            let d_s_t = |k| d_s_columns.load(k);
+            accumulate_over_rows::<E, GRAD_TILES, STEP_K16, HEAD_DIM>(&mut d_k, d_s_t, q_columns, grad_chunk);
+            let mut d_q = [[0f32; 4]; GRAD_TILES];
+            let d_s = |k| d_s_rows.load(k);
+            accumulate_over_rows::<E, GRAD_TILES, BLOCK_K16, HEAD_DIM>(&mut d_q, d_s, k_columns, grad_chunk);
+            for half in 0..2 {
+                let row = grad_row + lane / 4 + 8 * half;
+                if row < rows_in_step {
+                    let index = rows.lse_index(f, head, first_row + row);
+                    let accum = params.d_q_accum.offset((index * HEAD_DIM as i64) as isize);
+                    for n in 0..GRAD_TILES {
+                        let col = grad_col + 8 * n as u32 + 2 * (lane % 4);
+                        arch::red_global_add_f32(accum.add(col as usize), d_q[n][2 * half as usize]);
+                        arch::red_global_add_f32(accum.add(col as usize + 1), d_q[n][2 * half as usize + 1]);
+                    }
+                }
+            }
+            // Every warp is done with Q, dO, P and dS before the next step
+            // loads over them.
+            arch::sync_threads();
+            first_row += BACKWARD_BLOCK_M;
+        }
+    }
+
+    // K and V have landed even where no row sees the block (no step).
+    arch::cp_async_wait::<0>();
+
+    // dK (scaled) and dV of the warp's keys.
+    let store = |dst: *mut u16,
+                 batch_stride: i64,
+                 row_stride: i64,
+                 head_stride: i64,
+                 grad: &[[f32; 4]; GRAD_TILES],
+                 scale: f32| {
+        let dst = dst.offset(key_offset(batch_stride, row_stride, head_stride));
+        for half in 0..2 {
+            let key = grad_row + lane / 4 + 8 * half;
+            if key < keys_in_block {
+                for n in 0..GRAD_TILES {
+                    let col = grad_col + 8 * n as u32 + 2 * (lane % 4);
+                    let i = 2 * half as usize;
+                    let to = dst.offset(key as isize * row_stride as isize + col as isize);
+                    arch::st_global_u32(to as *mut u32, E::pack(grad[n][i] * scale, grad[n][i + 1] * scale));
+                }
+            }
+        }
+    };
+    store(
+        params.d_k,
+        params.d_k_batch_stride,
+        params.d_k_row_stride,
+        params.d_k_head_stride,
+        &d_k,
+        params.softmax_scale,
+    );
+    store(params.d_v, params.d_v_batch_stride, params.d_v_row_stride, params.d_v_head_stride, &d_v, 1.0);
+}
