@@ -7,17 +7,19 @@
 
 use flash_attn_abi::kernels::AttentionKernel;
 
-use crate::call::Call;
-use crate::call::Problem;
+use crate::call::{BackwardCall, Call, Problem};
+use crate::driver::CUstream;
 use crate::error::Result;
 use crate::kvcache::KvCache;
-use crate::launch::launch;
-use crate::memory::DeviceViewMut;
+use crate::launch::{launch, launch_backward};
+use crate::memory::{DeviceView, DeviceViewMut};
 use crate::module::{KernelModule, KernelResources};
-use crate::plan::{plan_for, KernelFamily, OutputAddrs, Plan};
+use crate::plan::{plan_backward, plan_for, KernelFamily, OutputAddrs, Plan};
 use crate::stream::{LaunchStream, StreamOrder};
-use crate::tensor::{Element, Tensor, TensorMut};
-use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, OutputBuffers};
+use crate::tensor::{Element, Gradients, Tensor, TensorMut};
+use crate::validate::{
+    validate, validate_backward, validate_kvcache, validate_varlen, AttentionParams, BackwardTensors, OutputBuffers,
+};
 use crate::varlen::SeqOffsets;
 use crate::workspace::{Scratch, Workspace};
 
@@ -204,6 +206,168 @@ impl FlashAttention {
         order.write("lse", &mut lse)?;
         let outputs = OutputAddrs { o: o_at.addr, lse: lse_addr };
         self.run(&call, Some(workspace), order.stream, |_| Ok((outputs, call.problem)))
+    }
+
+    /// The gradients of the attention [`forward_into`](Self::forward_into)
+    /// computed: from the same `q`, `k`, `v` and `params`, its outputs `o`
+    /// and `lse`, and `d_o` (the loss's gradient with respect to `o`, q's
+    /// shape), writes dQ, dK and dV into `gradients` (q's, k's and v's
+    /// shapes). With GQA/MQA each key/value head's gradients sum over its
+    /// query heads. Head dims 32, 64, 96 and 128.
+    ///
+    /// Scratch (f32, `head_dim + 1` per query row and head) comes from
+    /// `workspace`, grown on demand: pass the same one every step. dQ is
+    /// summed with atomics, so its last bits may differ from run to run.
+    /// `params.num_splits` is a forward option and is not used here.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "cudarc")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flash_attn::cudarc::driver::CudaContext;
+    /// use flash_attn::{f16, AttentionParams, FlashAttention, Gradients, Tensor, TensorMut, Workspace};
+    ///
+    /// let context = CudaContext::new(0)?;
+    /// let stream = context.default_stream();
+    /// let attention = FlashAttention::new()?;
+    /// let shape = [2, 1024, 8, 128];
+    /// let n = shape.iter().product::<usize>();
+    /// let q = stream.clone_htod(&vec![f16::from_f32(0.5); n])?;
+    /// let (k, v, d_o) = (q.clone(), q.clone(), q.clone());
+    /// let mut o = stream.alloc_zeros::<f16>(n)?;
+    /// let mut lse = stream.alloc_zeros::<f32>(shape[0] * shape[2] * shape[1])?;
+    /// let params = AttentionParams { causal: true, ..Default::default() };
+    /// attention.forward_into(
+    ///     Tensor::new(&q, shape),
+    ///     Tensor::new(&k, shape),
+    ///     Tensor::new(&v, shape),
+    ///     TensorMut::new(&mut o, shape),
+    ///     &mut lse,
+    ///     &params,
+    ///     &stream,
+    /// )?;
+    /// let (mut d_q, mut d_k, mut d_v) = (stream.alloc_zeros::<f16>(n)?, stream.alloc_zeros::<f16>(n)?, stream.alloc_zeros::<f16>(n)?);
+    /// let mut workspace = Workspace::new();
+    /// attention.backward_into(
+    ///     Tensor::new(&q, shape),
+    ///     Tensor::new(&k, shape),
+    ///     Tensor::new(&v, shape),
+    ///     Tensor::new(&o, shape),
+    ///     &lse,
+    ///     Tensor::new(&d_o, shape),
+    ///     Gradients {
+    ///         d_q: TensorMut::new(&mut d_q, shape),
+    ///         d_k: TensorMut::new(&mut d_k, shape),
+    ///         d_v: TensorMut::new(&mut d_v, shape),
+    ///     },
+    ///     &params,
+    ///     &mut workspace,
+    ///     &stream,
+    /// )?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "cudarc"))]
+    /// # fn main() {}
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_into<'a, T: Element, S: LaunchStream + ?Sized>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: Tensor<'_, T>,
+        lse: impl Into<DeviceView<'a, f32>>,
+        d_o: Tensor<'_, T>,
+        gradients: Gradients<'_, T>,
+        params: &AttentionParams,
+        workspace: &mut Workspace,
+        stream: &S,
+    ) -> Result<Problem> {
+        let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
+        let lse = lse.into();
+        let Gradients { mut d_q, mut d_k, mut d_v } = gradients;
+        let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
+        let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
+        let tensors = BackwardTensors {
+            o: &o_at,
+            lse_addr: lse.addr,
+            lse_len: lse.len,
+            d_o: &d_o_at,
+            d_q: &d_q_at,
+            d_k: &d_k_at,
+            d_v: &d_v_at,
+        };
+        let forward = validate(T::DTYPE, &q_at, &k_at, &v_at, tensors.forward_outputs(), params)?;
+        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors)?;
+        let mut order = StreamOrder::new(stream.launch_on());
+        order.inputs(&q.memory, &k.memory, &v.memory, params)?;
+        order.read("o", &o.memory)?;
+        order.read("lse", &lse)?;
+        order.read("d_o", &d_o.memory)?;
+        order.write("d_q", &mut d_q.memory)?;
+        order.write("d_k", &mut d_k.memory)?;
+        order.write("d_v", &mut d_v.memory)?;
+        self.run_backward(&call, workspace, order.stream)
+    }
+
+    /// [`backward_into`](Self::backward_into) for the variable-length
+    /// batch [`forward_varlen_into`](Self::forward_varlen_into) computed:
+    /// packed `q`, `o`, `d_o` and `d_q` (`[total_q, heads_q, d]`), `k`,
+    /// `v`, `d_k` and `d_v` (`[total_k, heads_kv, d]`), `lse`
+    /// `[heads_q, total_q]`, and the same offsets.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_varlen_into<'a, T: Element, S: LaunchStream + ?Sized>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: Tensor<'_, T>,
+        lse: impl Into<DeviceView<'a, f32>>,
+        d_o: Tensor<'_, T>,
+        gradients: Gradients<'_, T>,
+        cu_seqlens_q: &SeqOffsets,
+        cu_seqlens_k: &SeqOffsets,
+        params: &AttentionParams,
+        workspace: &mut Workspace,
+        stream: &S,
+    ) -> Result<Problem> {
+        let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
+        let lse = lse.into();
+        let Gradients { mut d_q, mut d_k, mut d_v } = gradients;
+        let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
+        let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
+        let tensors = BackwardTensors {
+            o: &o_at,
+            lse_addr: lse.addr,
+            lse_len: lse.len,
+            d_o: &d_o_at,
+            d_q: &d_q_at,
+            d_k: &d_k_at,
+            d_v: &d_v_at,
+        };
+        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
+        let forward = validate_varlen(T::DTYPE, &q_at, &k_at, &v_at, cu_q, cu_k, tensors.forward_outputs(), params)?;
+        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors)?;
+        let mut order = StreamOrder::new(stream.launch_on());
+        order.inputs(&q.memory, &k.memory, &v.memory, params)?;
+        order.read("o", &o.memory)?;
+        order.read("lse", &lse)?;
+        order.read("d_o", &d_o.memory)?;
+        order.write("d_q", &mut d_q.memory)?;
+        order.write("d_k", &mut d_k.memory)?;
+        order.write("d_v", &mut d_v.memory)?;
+        self.run_backward(&call, workspace, order.stream)
+    }
+
+    /// Loads the backward kernels if no call has, plans `call` and launches
+    /// it on `stream` with the kernels' context current.
+    fn run_backward(&self, call: &BackwardCall, workspace: &mut Workspace, stream: CUstream) -> Result<Problem> {
+        let context = self.module.context();
+        context.with_current(|| {
+            context.check_stream(stream)?;
+            let plan = plan_backward(call)?;
+            self.module.load_backward()?;
+            launch_backward(&self.module, &plan, &mut Scratch::Workspace(workspace), stream)?;
+            Ok(call.forward.problem)
+        })
     }
 
     /// Plans `call` for this GPU, binds its outputs (`outputs` may allocate

@@ -149,3 +149,20 @@ impl Call {
             || self.sequences != Sequences::Dense
     }
 }
+
+/// A validated backward call: the forward call whose gradients it computes
+/// (its outputs given: the forward's `o` and `lse`, which the backward
+/// reads), dO, and where dQ, dK and dV go.
+#[derive(Clone, Debug)]
+pub struct BackwardCall {
+    pub forward: Call,
+    /// dO, q's shape.
+    pub d_o: TensorAt,
+    /// dQ (q's shape), dK and dV (k's shape).
+    pub d_q: TensorAt,
+    pub d_k: TensorAt,
+    pub d_v: TensorAt,
+    /// Values of the forward's lse the call indexes (its scratch holds one
+    /// delta and `head_dim` dQ accumulators for each).
+    pub lse_rows: usize,
+}

@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use crate::driver::{check, driver, encode_tensor_map, CUfunction, CUstream};
 use crate::error::Result;
 use crate::module::KernelModule;
-use crate::plan::{KernelArgs, OutputAddrs, Plan};
+use crate::plan::{BackwardPlan, KernelArgs, Launch, OutputAddrs, Plan};
 use crate::workspace::Scratch;
 
 /// Launches `plan`'s kernels on `stream` with the outputs at `outputs`,
@@ -26,10 +26,28 @@ pub(crate) fn launch(
         let maps = hopper.maps.iter().map(encode_tensor_map).collect::<Result<Vec<_>>>()?;
         upload_async(base + plan.scratch.tensor_maps as u64, &maps, stream)?;
     }
-    for launch in plan.launches(outputs, base) {
+    run_launches(module, &plan.launches(outputs, base), stream)
+}
+
+/// Launches the backward `plan` on `stream`, after reserving its scratch
+/// from `scratch`.
+pub(crate) fn launch_backward(
+    module: &KernelModule,
+    plan: &BackwardPlan,
+    scratch: &mut Scratch,
+    stream: CUstream,
+) -> Result<()> {
+    let base = scratch.reserve(plan.scratch_bytes)?;
+    run_launches(module, &plan.launches(base), stream)
+}
+
+/// One `cuLaunchKernel` per launch, in order.
+fn run_launches(module: &KernelModule, launches: &[Launch], stream: CUstream) -> Result<()> {
+    for launch in launches {
         let mut args = launch.args;
         let args: *mut c_void = match &mut args {
             KernelArgs::Forward(a) => std::ptr::from_mut(a).cast(),
+            KernelArgs::Backward(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Hopper(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Combine(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Append(a) => std::ptr::from_mut(a).cast(),

@@ -137,6 +137,7 @@ pub use cudarc;
 pub use cust;
 pub use driver::CUstream;
 pub use error::{Error, Result};
+pub use flash_attn_abi::backward::{BackwardKernel, BACKWARD_KERNELS};
 use flash_attn_abi::config;
 pub use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
 pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
@@ -148,7 +149,7 @@ pub use memory::{DeviceView, DeviceViewMut};
 pub use module::{Kernel, KernelResources, PTX};
 pub use plan::{num_splits_heuristic, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use stream::{LaunchStream, RawStream};
-pub use tensor::{Element, Tensor, TensorMut};
+pub use tensor::{Element, Gradients, Tensor, TensorMut};
 pub use validate::{
     AttentionParams, Layout, Placed, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN, SUPPORTED_HEAD_DIMS,
 };
@@ -162,14 +163,19 @@ pub use workspace::Workspace;
 /// a CUDA stream; they are public for other bindings and for running the
 /// kernels elsewhere (this crate's tests run them on the CPU emulator).
 pub mod pipeline {
-    pub use crate::call::{Alibi, Append, CacheLengths, Call, LseLayout, Mask, Outputs, Pages, Sequences, TensorAt};
+    pub use crate::call::{
+        Alibi, Append, BackwardCall, CacheLengths, Call, LseLayout, Mask, Outputs, Pages, Sequences, TensorAt,
+    };
     pub use crate::driver::encode_tensor_map;
     pub use crate::plan::{
-        plan, plan_for, HopperLaunch, KernelArgs, KernelFamily, Launch, OutputAddrs, Plan, ScratchLayout,
+        plan, plan_backward, plan_for, BackwardPlan, HopperLaunch, KernelArgs, KernelFamily, Launch, OutputAddrs, Plan,
+        ScratchLayout,
     };
     pub use crate::validate::{
-        validate, validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, TableArg,
+        validate, validate_backward, validate_kvcache, validate_varlen, BackwardTensors, CacheArgs, OffsetsArg,
+        OutputBuffers, TableArg,
     };
+    pub use flash_attn_abi::backward::BackwardParams;
     pub use flash_attn_abi::hopper::HopperParams;
     pub use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams};
 }

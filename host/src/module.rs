@@ -3,7 +3,9 @@
 //! call neither formats names nor asks the driver for functions.
 
 use std::ffi::{c_int, CString};
+use std::sync::{Mutex, OnceLock};
 
+use flash_attn_abi::backward::{BackwardKernel, BACKWARD_KERNELS};
 use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
 use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
 
@@ -18,6 +20,10 @@ pub const PTX: &str = include_str!("../kernels.ptx");
 /// compute capability 9.0 only (`sm_90a` code runs on no other GPU).
 pub const PTX_SM90A: &str = include_str!("../kernels-sm90a.ptx");
 
+/// The backward kernels' PTX (sm_80, [`BACKWARD_KERNELS`]), loaded at the
+/// first backward call.
+pub const PTX_BACKWARD: &str = include_str!("../kernels-backward.ptx");
+
 /// A kernel of the module, as a plan names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -29,6 +35,12 @@ pub enum Kernel {
     Combine(Dtype),
     /// The KV cache append.
     Append,
+    /// A row of the ABI's table of main backward kernels.
+    Backward(&'static BackwardKernel),
+    /// The backward's first kernel (delta, the dQ accumulator zeroed) and
+    /// its last (dQ), of an element type.
+    BackwardPrepare(Dtype),
+    BackwardFinish(Dtype),
 }
 
 impl Kernel {
@@ -39,8 +51,23 @@ impl Kernel {
             Kernel::Hopper(kernel) => kernel.name,
             Kernel::Combine(dtype) => combine_kernel(dtype),
             Kernel::Append => APPEND_KERNEL,
+            Kernel::Backward(kernel) => kernel.name,
+            Kernel::BackwardPrepare(Dtype::F16) => "flash_bwd_prepare_f16",
+            Kernel::BackwardPrepare(Dtype::Bf16) => "flash_bwd_prepare_bf16",
+            Kernel::BackwardFinish(Dtype::F16) => "flash_bwd_finish_dq_f16",
+            Kernel::BackwardFinish(Dtype::Bf16) => "flash_bwd_finish_dq_bf16",
         }
     }
+}
+
+/// The backward module and its kernels: one per row of
+/// [`BACKWARD_KERNELS`], then the prepare and finish kernels of f16 and
+/// bf16.
+struct BackwardModule {
+    module: CUmodule,
+    main: Vec<CUfunction>,
+    prepare: [CUfunction; 2],
+    finish: [CUfunction; 2],
 }
 
 /// An attention kernel of the loaded module.
@@ -80,6 +107,11 @@ pub(crate) struct KernelModule {
     /// [`HOPPER_KERNELS`]), on compute capability 9.0 unless the caller
     /// asked for the sm_80 kernels only.
     hopper: Option<(CUmodule, Vec<CUfunction>)>,
+    /// The backward module, loaded by the first backward call (a program
+    /// that never calls it does not pay the driver's compile of its PTX);
+    /// `backward_loading` makes concurrent first calls load it once.
+    backward: OnceLock<BackwardModule>,
+    backward_loading: Mutex<()>,
 }
 
 // SAFETY: the module and function handles are never changed after `load`,
@@ -119,6 +151,8 @@ impl KernelModule {
             combine: [std::ptr::null_mut(); 2],
             append: std::ptr::null_mut(),
             hopper: None,
+            backward: OnceLock::new(),
+            backward_loading: Mutex::new(()),
         };
         for kernel in ATTENTION_KERNELS {
             let config = kernel.config;
@@ -162,6 +196,50 @@ impl KernelModule {
         get_function(self.module, name)
     }
 
+    /// Loads the backward module into the module's context if no call has
+    /// yet. The caller makes that context current.
+    pub(crate) fn load_backward(&self) -> Result<()> {
+        if self.backward.get().is_some() {
+            return Ok(());
+        }
+        // A poisoned lock guards nothing broken: the module is set whole or not at all.
+        let _loading = self.backward_loading.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.backward.get().is_some() {
+            return Ok(());
+        }
+        let d = driver()?;
+        let module = load_module(PTX_BACKWARD)?;
+        let functions = || -> Result<BackwardModule> {
+            let mut main = Vec::with_capacity(BACKWARD_KERNELS.len());
+            for kernel in BACKWARD_KERNELS {
+                let function = get_function(module, kernel.name)?;
+                check("cuFuncSetAttribute", unsafe {
+                    (d.func_set_attribute)(
+                        function,
+                        driver::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        kernel.config.smem_bytes() as c_int,
+                    )
+                })?;
+                main.push(function);
+            }
+            let named = |kernel: Kernel| get_function(module, kernel.name());
+            let prepare = [named(Kernel::BackwardPrepare(Dtype::F16))?, named(Kernel::BackwardPrepare(Dtype::Bf16))?];
+            let finish = [named(Kernel::BackwardFinish(Dtype::F16))?, named(Kernel::BackwardFinish(Dtype::Bf16))?];
+            Ok(BackwardModule { module, main, prepare, finish })
+        };
+        match functions() {
+            Ok(loaded) => {
+                // Set under the lock, after the check above: nothing else set it.
+                let _ = self.backward.set(loaded);
+                Ok(())
+            }
+            Err(e) => {
+                unsafe { (d.module_unload)(module) };
+                Err(e)
+            }
+        }
+    }
+
     /// Whether the sm_90a kernels are loaded (plans may choose them).
     pub(crate) fn has_sm90a(&self) -> bool {
         self.hopper.is_some()
@@ -200,7 +278,20 @@ impl KernelModule {
             Kernel::Combine(Dtype::F16) => self.combine[0],
             Kernel::Combine(Dtype::Bf16) => self.combine[1],
             Kernel::Append => self.append,
+            Kernel::Backward(kernel) => {
+                let index = BACKWARD_KERNELS.iter().position(|k| k == kernel).expect("a row of BACKWARD_KERNELS");
+                self.backward().main[index]
+            }
+            Kernel::BackwardPrepare(Dtype::F16) => self.backward().prepare[0],
+            Kernel::BackwardPrepare(Dtype::Bf16) => self.backward().prepare[1],
+            Kernel::BackwardFinish(Dtype::F16) => self.backward().finish[0],
+            Kernel::BackwardFinish(Dtype::Bf16) => self.backward().finish[1],
         }
+    }
+
+    fn backward(&self) -> &BackwardModule {
+        // Backward plans run after `load_backward`.
+        self.backward.get().expect("the backward module is loaded")
     }
 
     /// Every attention kernel as the driver compiled it, sorted by name.
@@ -243,6 +334,9 @@ impl Drop for KernelModule {
                 unsafe { (d.module_unload)(self.module) };
                 if let Some((module, _)) = self.hopper {
                     unsafe { (d.module_unload)(module) };
+                }
+                if let Some(backward) = self.backward.get() {
+                    unsafe { (d.module_unload)(backward.module) };
                 }
             }
         });
@@ -288,6 +382,20 @@ mod tests {
         // kernels (probe, ceiling) live in the tests crate's own module.
         assert_eq!(PTX.matches(".visible .entry ").count(), ATTENTION_KERNELS.len() + 3);
         assert!(!PTX.contains("probe_primitives") && !PTX.contains("mma_ceiling"));
+    }
+
+    /// As above, for the backward module: every main kernel of the table
+    /// and the row kernels of both element types, for sm_80.
+    #[test]
+    fn embedded_backward_ptx_exports_every_backward_kernel() {
+        assert!(PTX_BACKWARD.contains(".target sm_80"), "PTX must target sm_80");
+        let rows =
+            [Dtype::F16, Dtype::Bf16].into_iter().flat_map(|d| [Kernel::BackwardPrepare(d), Kernel::BackwardFinish(d)]);
+        let names: Vec<&str> = BACKWARD_KERNELS.iter().map(Kernel::Backward).chain(rows).map(Kernel::name).collect();
+        for name in &names {
+            assert!(PTX_BACKWARD.contains(&format!(".visible .entry {name}(")), "{name} missing");
+        }
+        assert_eq!(PTX_BACKWARD.matches(".visible .entry ").count(), names.len());
     }
 
     /// As above, for the sm_90a module: every row of its table, for sm_90a,

@@ -1,9 +1,13 @@
 //! What runs for a validated [`Call`], as a pure function of it: the
 //! kernel (dense, general or decode), the split-KV factor, the GQA decode
 //! layout, the grid, the scratch memory, and the kernels' argument blocks.
-//! The one place where a call becomes the ABI's [`ForwardParams`]; the
-//! launch binds the output and scratch addresses and runs the result.
+//! The one place where a call becomes the ABI's [`ForwardParams`] (and a
+//! backward call its [`BackwardParams`]); the launch binds the output and
+//! scratch addresses and runs the result.
 
+use flash_attn_abi::backward::{
+    backward_kernel, row_grid as backward_row_grid, BackwardKernel, BackwardParams, ROW_KERNEL_THREADS,
+};
 use flash_attn_abi::config::MAX_ROW_STRIDE;
 use flash_attn_abi::hopper::{hopper_kernel, HopperKernel, HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
 use flash_attn_abi::kernels::{
@@ -12,7 +16,7 @@ use flash_attn_abi::kernels::{
 use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams, COMBINE_WARPS};
 use flash_attn_abi::sm90::{L2Promotion, OobFill, TensorDataType, TensorMap, TensorMapParams, TmaSwizzle};
 
-use crate::call::{Append, CacheLengths, Call, Mask, Outputs, Sequences, TensorAt, MAX_SPLITS};
+use crate::call::{Append, BackwardCall, CacheLengths, Call, Mask, Outputs, Sequences, TensorAt, MAX_SPLITS};
 use crate::error::{Error, Result};
 use crate::module::Kernel;
 
@@ -280,6 +284,7 @@ pub struct OutputAddrs {
 #[derive(Clone, Copy, Debug)]
 pub enum KernelArgs {
     Forward(ForwardParams),
+    Backward(BackwardParams),
     Hopper(HopperParams),
     Combine(CombineParams),
     Append(AppendParams),
@@ -353,6 +358,117 @@ impl Plan {
         }
         launches
     }
+}
+
+/// A planned backward call: its three launches on one argument block,
+/// less the scratch address that [`BackwardPlan::launches`] binds.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardPlan {
+    /// The main kernel.
+    pub kernel: &'static BackwardKernel,
+    /// The arguments, outputs bound, scratch not.
+    pub args: BackwardParams,
+    /// Grids of the row kernels and of the main kernel.
+    pub row_grid: [u32; 3],
+    pub key_grid: [u32; 3],
+    /// Byte offsets in the scratch of delta and the dQ accumulator, and
+    /// the whole scratch.
+    pub delta: usize,
+    pub d_q_accum: usize,
+    pub scratch_bytes: usize,
+}
+
+impl BackwardPlan {
+    /// The launches in order (prepare, the main kernel, finish dQ) with the
+    /// scratch at `scratch` (at least [`Self::scratch_bytes`], 256-byte
+    /// aligned).
+    pub fn launches(&self, scratch: u64) -> [Launch; 3] {
+        let mut args = self.args;
+        args.delta = (scratch + self.delta as u64) as *mut f32;
+        args.d_q_accum = (scratch + self.d_q_accum as u64) as *mut f32;
+        let dtype = self.kernel.dtype;
+        let config = self.kernel.config;
+        let rows = |kernel| Launch {
+            kernel,
+            grid: self.row_grid,
+            threads: ROW_KERNEL_THREADS,
+            smem_bytes: 0,
+            args: KernelArgs::Backward(args),
+        };
+        [
+            rows(Kernel::BackwardPrepare(dtype)),
+            Launch {
+                kernel: Kernel::Backward(self.kernel),
+                grid: self.key_grid,
+                threads: config.threads(),
+                smem_bytes: config.smem_bytes(),
+                args: KernelArgs::Backward(args),
+            },
+            rows(Kernel::BackwardFinish(dtype)),
+        ]
+    }
+}
+
+/// Plans the backward `call`: the main kernel of its head dim and element
+/// type, the grids, and the scratch (delta and the dQ accumulator, f32, one
+/// and `head_dim` per lse value).
+pub fn plan_backward(call: &BackwardCall) -> Result<BackwardPlan> {
+    let f = &call.forward;
+    let p = &f.problem;
+    let kernel = u32::try_from(p.head_dim)
+        .ok()
+        .and_then(|d| backward_kernel(d, f.dtype))
+        .ok_or(Error::UnsupportedHeadDim(p.head_dim))?;
+    let Outputs::Given { o, lse } = f.outputs else {
+        return Err(Error::ShapeMismatch("the backward reads the forward's o and lse: give them".into()));
+    };
+    let mut forward = forward_params(f);
+    forward.o = o.addr as *mut u16;
+    forward.lse = lse as *mut f32;
+    let [d_ob, d_os, d_oh] = call.d_o.strides;
+    let [d_qb, d_qs, d_qh] = call.d_q.strides;
+    let [d_kb, d_ks, d_kh] = call.d_k.strides;
+    let [d_vb, d_vs, d_vh] = call.d_v.strides;
+    let args = BackwardParams {
+        forward,
+        d_o: call.d_o.addr as *const u16,
+        d_o_batch_stride: d_ob,
+        d_o_row_stride: d_os,
+        d_o_head_stride: d_oh,
+        d_q: call.d_q.addr as *mut u16,
+        d_q_batch_stride: d_qb,
+        d_q_row_stride: d_qs,
+        d_q_head_stride: d_qh,
+        d_k: call.d_k.addr as *mut u16,
+        d_k_batch_stride: d_kb,
+        d_k_row_stride: d_ks,
+        d_k_head_stride: d_kh,
+        d_v: call.d_v.addr as *mut u16,
+        d_v_batch_stride: d_vb,
+        d_v_row_stride: d_vs,
+        d_v_head_stride: d_vh,
+        delta: core::ptr::null_mut(),
+        d_q_accum: core::ptr::null_mut(),
+        softmax_scale: f.scale,
+        head_dim: p.head_dim as u32,
+    };
+    let overflow = || Error::TooLarge { what: "backward scratch bytes", value: usize::MAX, max: isize::MAX as usize };
+    let round = |n: usize| n.checked_next_multiple_of(SCRATCH_ALIGN).ok_or_else(overflow);
+    let delta_bytes = round(call.lse_rows.checked_mul(4).ok_or_else(overflow)?)?;
+    let accum_bytes =
+        round(call.lse_rows.checked_mul(p.head_dim).and_then(|n| n.checked_mul(4)).ok_or_else(overflow)?)?;
+    let scratch_bytes =
+        delta_bytes.checked_add(accum_bytes).filter(|&n| n <= isize::MAX as usize).ok_or_else(overflow)?;
+    let (batch, heads_q, heads_kv) = (p.batch as u32, p.heads_q as u32, p.heads_kv as u32);
+    Ok(BackwardPlan {
+        kernel,
+        args,
+        row_grid: backward_row_grid(p.seqlen_q as u32, heads_q, batch),
+        key_grid: kernel.config.grid(p.seqlen_k as u32, heads_kv, batch),
+        delta: 0,
+        d_q_accum: delta_bytes,
+        scratch_bytes,
+    })
 }
 
 /// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,

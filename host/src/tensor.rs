@@ -100,3 +100,11 @@ impl<'a, T: Element> TensorMut<'a, T> {
         Placed { name, layout: self.layout, addr: self.memory.addr, buffer_len: self.memory.len }
     }
 }
+
+/// The gradients a backward call writes: `d_q` with q's shape, `d_k` and
+/// `d_v` with k's (see [`FlashAttention::backward_into`](crate::FlashAttention::backward_into)).
+pub struct Gradients<'a, T: Element> {
+    pub d_q: TensorMut<'a, T>,
+    pub d_k: TensorMut<'a, T>,
+    pub d_v: TensorMut<'a, T>,
+}

@@ -12,7 +12,10 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use flash_attn::cust::memory::DeviceCopy;
-use flash_attn::pipeline::{plan_for, Call, KernelArgs, KernelFamily, Launch, OutputAddrs, Outputs, Plan};
+use flash_attn::pipeline::{
+    plan_backward, plan_for, BackwardCall, BackwardParams, BackwardPlan, Call, KernelArgs, KernelFamily, Launch,
+    OutputAddrs, Outputs, Plan,
+};
 use flash_attn::reference::{self, ReferenceProblem};
 use flash_attn::{AttentionKernel, AttentionParams, DeviceView, Kernel, Layout, Placed};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
@@ -235,19 +238,22 @@ impl<'a> Memory<'a> {
     /// arguments put split-KV partials (the uploaded lengths are only read).
     fn regions(&self, launch: &Launch, scratch: &Scratch) -> Vec<GlobalRegion> {
         let split_attention = matches!(launch.args, KernelArgs::Forward(a) if a.num_splits > 1);
+        let backward = matches!(launch.args, KernelArgs::Backward(_));
         let writes = |role| match (launch.kernel, role) {
             (_, Role::Input) => false,
             (Kernel::Append, role) => role == Role::Cache,
             (Kernel::Attention(_), Role::Output) => !split_attention,
             (Kernel::Hopper(_), Role::Output) => true,
             (Kernel::Combine(_), Role::Output) => true,
+            (Kernel::BackwardPrepare(_), Role::Output) => false,
+            (Kernel::Backward(_) | Kernel::BackwardFinish(_), Role::Output) => true,
             (_, Role::Cache) => false,
         };
         let mut regions: Vec<GlobalRegion> =
             self.buffers.iter().map(|&(region, role)| GlobalRegion { writable: writes(role), ..region }).collect();
         if scratch.bytes > 0 {
             let (base, len) = (scratch.addr() as usize, scratch.bytes);
-            regions.push(GlobalRegion { name: "scratch", base, len, writable: split_attention });
+            regions.push(GlobalRegion { name: "scratch", base, len, writable: split_attention || backward });
         }
         regions
     }
@@ -377,6 +383,40 @@ pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -
             }
         };
         result.map_err(|error| Failure::Emulator { kernel: launch.kernel.name(), error })?;
+    }
+    Ok(plan)
+}
+
+/// Runs a validated backward `call` whose buffers are `memory` (the
+/// forward's o and lse, and dO, as inputs; dQ, dK and dV as outputs) on the
+/// emulator, as the host runs it on a GPU: plans it, reserves its scratch
+/// (every byte 0xff, NaN as f32) and runs its three launches in order.
+pub fn run_backward(call: &BackwardCall, memory: &Memory) -> Result<BackwardPlan, Failure> {
+    let plan = plan_backward(call)?;
+    let scratch = Scratch::new(plan.scratch_bytes);
+    for launch in plan.launches(scratch.addr()) {
+        let regions = memory.regions(&launch, &scratch);
+        let config = LaunchConfig::new(launch.grid, launch.threads, launch.smem_bytes);
+        let KernelArgs::Backward(args) = launch.args else {
+            panic!("the backward plan gave {} the arguments {:?}", launch.kernel.name(), launch.args)
+        };
+        let run: unsafe fn(&BackwardParams) = match launch.kernel {
+            Kernel::Backward(kernel) => {
+                let host = entry::backward_kernel(kernel.name)
+                    .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
+                assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
+                host.run
+            }
+            Kernel::BackwardPrepare(Dtype::F16) => entry::flash_bwd_prepare_f16,
+            Kernel::BackwardPrepare(Dtype::Bf16) => entry::flash_bwd_prepare_bf16,
+            Kernel::BackwardFinish(Dtype::F16) => entry::flash_bwd_finish_dq_f16,
+            Kernel::BackwardFinish(Dtype::Bf16) => entry::flash_bwd_finish_dq_bf16,
+            kernel => panic!("the backward plan names {}", kernel.name()),
+        };
+        // SAFETY: as in `run_on`: the regions are the call's buffers and the
+        // scratch, alive until the launch returns.
+        unsafe { emu::launch(&config, &regions, || run(&args)) }
+            .map_err(|error| Failure::Emulator { kernel: launch.kernel.name(), error })?;
     }
     Ok(plan)
 }

@@ -1,26 +1,27 @@
 //! The backward kernels' own code on the CPU emulator, against the f64
 //! reference gradients (`flash_attn::reference::attention_backward`, itself
-//! checked against finite differences): the three launches of one backward
-//! call (prepare, the main kernel of the head dim, finish dQ) on one
-//! argument block built here, with O and the LSE from the f64 reference
-//! forward, outputs poisoned (NaN) beforehand. Shapes end inside a query
-//! step and a key block; GQA, causal with more keys than queries, windows,
-//! softcap and ALiBi, and packed sequences.
+//! checked against finite differences), each call going through the host's
+//! pipeline: the forward's validation, `validate_backward`, `plan_backward`,
+//! and the plan's three launches (prepare, the main kernel of the head
+//! dim, finish dQ). O and the LSE come from the f64 reference forward; the
+//! gradients and the scratch start as NaN. Shapes end inside a query step
+//! and a key block; GQA, causal with more keys than queries, windows,
+//! softcap and ALiBi, padded strides, and packed sequences.
 
+use flash_attn::pipeline::{validate, validate_backward, validate_varlen, BackwardTensors, OffsetsArg};
 use flash_attn::reference::{attention_backward, attention_with_alibi, relative_l2_error, ReferenceProblem};
-use flash_attn_abi::backward::{
-    backward_config_of, row_grid, BackwardParams, BACKWARD_KERNELS as BACKWARD_TABLE, ROW_KERNEL_THREADS,
-};
-use flash_attn_abi::params::{ForwardParams, ForwardSizes, TensorArg};
-use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
-use flash_attn_kernels::entry;
-use flash_attn_tests::emulator::{Dtype, DtypeValues, Tensor, POISON};
+use flash_attn::{AttentionParams, BACKWARD_KERNELS};
+use flash_attn_tests::emulator::{self, Dtype, DtypeValues, Memory, Tensor, POISON};
 
-/// One backward problem: the reference's sizes and options, and ALiBi
-/// slopes (`[batch, heads_q]`) if any.
+/// One backward problem: the reference's sizes and options (for packed
+/// sequences: batch 1 and the longest lengths), ALiBi slopes
+/// (`[batch, heads_q]`) if any, packed sequences' `(seqlen_q, seqlen_k)` if
+/// the batch is packed, and whether the tensors have padded strides.
 struct Problem {
     reference: ReferenceProblem,
     slopes: Option<Vec<f64>>,
+    packed: Option<Vec<(usize, usize)>>,
+    padded: bool,
 }
 
 /// What the kernels wrote, as f64, densely packed like the reference's.
@@ -40,126 +41,141 @@ fn tolerance(dtype: Dtype) -> f64 {
     }
 }
 
+/// Strides of `shape` with padding between heads, rows and batches.
+fn padded_strides([_, s, h, d]: [usize; 4]) -> [usize; 4] {
+    let head = d + 8;
+    let row = h * head + 16;
+    [s * row + 24, row, head, 1]
+}
+
+/// The f64 reference of `problem` on `q`, `k`, `v` and `d_o` (densely
+/// packed values): o, the LSE as the kernels index it, and the gradients.
+/// Packed sequences are each a dense problem of batch 1.
+fn reference(problem: &Problem, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64]) -> (Vec<f64>, Vec<f64>, Gradients) {
+    let p = &problem.reference;
+    let slopes = problem.slopes.as_deref();
+    let Some(lengths) = &problem.packed else {
+        let forward = attention_with_alibi(p, slopes, q, k, v);
+        let g = attention_backward(p, slopes, q, k, v, d_o);
+        return (forward.o, forward.lse, Gradients { d_q: g.dq, d_k: g.dk, d_v: g.dv });
+    };
+    let (d, hq, hk) = (p.head_dim, p.heads_q, p.heads_kv);
+    let total_q: usize = lengths.iter().map(|l| l.0).sum();
+    let (mut o, mut lse) = (vec![0.0; q.len()], vec![0.0; hq * total_q]);
+    let mut g = Gradients { d_q: vec![0.0; q.len()], d_k: vec![0.0; k.len()], d_v: vec![0.0; v.len()] };
+    let (mut q0, mut k0) = (0, 0);
+    for (b, &(sq, sk)) in lengths.iter().enumerate() {
+        let one = ReferenceProblem { batch: 1, seqlen_q: sq, seqlen_k: sk, ..*p };
+        let (qs, ks) = (q0 * hq * d..(q0 + sq) * hq * d, k0 * hk * d..(k0 + sk) * hk * d);
+        let slope = slopes.map(|s| s[b * hq..][..hq].to_vec());
+        let forward = attention_with_alibi(&one, slope.as_deref(), &q[qs.clone()], &k[ks.clone()], &v[ks.clone()]);
+        let grads = attention_backward(
+            &one,
+            slope.as_deref(),
+            &q[qs.clone()],
+            &k[ks.clone()],
+            &v[ks.clone()],
+            &d_o[qs.clone()],
+        );
+        o[qs.clone()].copy_from_slice(&forward.o);
+        for h in 0..hq {
+            lse[h * total_q + q0..][..sq].copy_from_slice(&forward.lse[h * sq..][..sq]);
+        }
+        g.d_q[qs].copy_from_slice(&grads.dq);
+        g.d_k[ks.clone()].copy_from_slice(&grads.dk);
+        g.d_v[ks].copy_from_slice(&grads.dv);
+        (q0, k0) = (q0 + sq, k0 + sk);
+    }
+    (o, lse, g)
+}
+
 /// Runs the backward of `problem` in `dtype` on the emulator from fresh
 /// random q, k, v and dO (seed `seed`), and returns the gradients with the
 /// reference's.
 fn run(problem: &Problem, dtype: Dtype, seed: u64) -> (Gradients, Gradients) {
     let p = &problem.reference;
     let d = p.head_dim;
-    let q_shape = [p.batch, p.seqlen_q, p.heads_q, d];
-    let kv_shape = [p.batch, p.seqlen_k, p.heads_kv, d];
-    let contiguous = Tensor::contiguous_strides;
-    let q = Tensor::random(q_shape, contiguous(q_shape), dtype, seed);
-    let k = Tensor::random(kv_shape, contiguous(kv_shape), dtype, seed + 1);
-    let v = Tensor::random(kv_shape, contiguous(kv_shape), dtype, seed + 2);
-    let d_o = Tensor::random(q_shape, contiguous(q_shape), dtype, seed + 3);
+    let (rows_q, rows_k, batch) = match &problem.packed {
+        Some(lengths) => (lengths.iter().map(|l| l.0).sum(), lengths.iter().map(|l| l.1).sum(), 1),
+        None => (p.seqlen_q, p.seqlen_k, p.batch),
+    };
+    let q_shape = [batch, rows_q, p.heads_q, d];
+    let kv_shape = [batch, rows_k, p.heads_kv, d];
+    let strides = |shape| if problem.padded { padded_strides(shape) } else { Tensor::contiguous_strides(shape) };
+    let q = Tensor::random(q_shape, strides(q_shape), dtype, seed);
+    let k = Tensor::random(kv_shape, strides(kv_shape), dtype, seed + 1);
+    let v = Tensor::random(kv_shape, strides(kv_shape), dtype, seed + 2);
+    let d_o = Tensor::random(q_shape, strides(q_shape), dtype, seed + 3);
     let (q64, k64, v64, d_o64) = (q.to_f64(dtype), k.to_f64(dtype), v.to_f64(dtype), d_o.to_f64(dtype));
-    let slopes = problem.slopes.as_deref();
-    let forward = attention_with_alibi(p, slopes, &q64, &k64, &v64);
-    let expected = attention_backward(p, slopes, &q64, &k64, &v64, &d_o64);
+    let (o64, lse64, expected) = reference(problem, &q64, &k64, &v64, &d_o64);
 
     // The forward's outputs as a forward call would have left them.
-    let mut o = Tensor::filled(q_shape, contiguous(q_shape), 0);
-    for (i, &x) in o.indices().collect::<Vec<_>>().into_iter().zip(&forward.o) {
+    let mut o = Tensor::filled(q_shape, strides(q_shape), 0);
+    for (i, &x) in o.indices().collect::<Vec<_>>().into_iter().zip(&o64) {
         o.data_mut()[i] = dtype.bits_of(x);
     }
-    let lse: Vec<f32> = forward.lse.iter().map(|&x| x as f32).collect();
-    let slopes32: Option<Vec<f32>> = problem.slopes.as_ref().map(|s| s.iter().map(|&x| x as f32).collect());
+    let lse: Vec<f32> = lse64.iter().map(|&x| x as f32).collect();
+    let slopes: Option<Vec<f32>> = problem.slopes.as_ref().map(|s| s.iter().map(|&x| x as f32).collect());
+    let offsets = |side: fn(&(usize, usize)) -> usize| -> Vec<i32> {
+        let lengths = problem.packed.as_deref().unwrap_or(&[]);
+        std::iter::once(0)
+            .chain(lengths.iter().scan(0, |end, l| Some(*end + side(l) as i32).inspect(|e| *end = *e)))
+            .collect()
+    };
+    let (cu_q, cu_k) = (offsets(|l| l.0), offsets(|l| l.1));
 
-    let mut d_q = Tensor::filled(q_shape, contiguous(q_shape), POISON);
-    let mut d_k = Tensor::filled(kv_shape, contiguous(kv_shape), POISON);
-    let mut d_v = Tensor::filled(kv_shape, contiguous(kv_shape), POISON);
-    let mut delta = vec![f32::NAN; lse.len()];
-    let mut d_q_accum = vec![f32::NAN; lse.len() * d];
-
-    let arg = |t: &Tensor| TensorArg {
-        ptr: t.data().as_ptr(),
-        strides: [t.strides[0] as i64, t.strides[1] as i64, t.strides[2] as i64],
-    };
-    let arg_mut = |t: &mut Tensor| TensorArg {
-        ptr: t.data_mut().as_mut_ptr(),
-        strides: [t.strides[0] as i64, t.strides[1] as i64, t.strides[2] as i64],
-    };
-    let sizes = ForwardSizes {
-        batch: p.batch as u32,
-        seqlen_q: p.seqlen_q as u32,
-        seqlen_k: p.seqlen_k as u32,
-        heads_q: p.heads_q as u32,
-        heads_per_kv: (p.heads_q / p.heads_kv) as u32,
-    };
-    let o_arg = TensorArg { ptr: o.data().as_ptr() as *mut u16, strides: arg(&o).strides };
-    let mut forward_params =
-        ForwardParams::new(arg(&q), arg(&k), arg(&v), o_arg, lse.as_ptr() as *mut f32, sizes, p.softmax_scale as f32);
-    let (left, right) = (p.window.0.map_or(-1, |w| w as i32), p.window.1.map_or(-1, |w| w as i32));
-    (forward_params.window_left, forward_params.window_right) = (left, if p.causal { 0 } else { right });
-    if let Some(c) = p.softcap {
-        forward_params.set_softcap(c as f32, p.softmax_scale as f32);
+    let mut d_q = Tensor::filled(q_shape, strides(q_shape), POISON);
+    let mut d_k = Tensor::filled(kv_shape, strides(kv_shape), POISON);
+    let mut d_v = Tensor::filled(kv_shape, strides(kv_shape), POISON);
+    {
+        let mut memory = Memory::new();
+        let (q_at, k_at, v_at) = (memory.tensor("q", &q), memory.tensor("k", &k), memory.tensor("v", &v));
+        let (o_at, d_o_at) = (memory.tensor("o", &o), memory.tensor("d_o", &d_o));
+        let lse_addr = memory.input("lse", &lse);
+        let (d_q_at, d_k_at, d_v_at) = (
+            memory.output_tensor("d_q", &mut d_q),
+            memory.output_tensor("d_k", &mut d_k),
+            memory.output_tensor("d_v", &mut d_v),
+        );
+        let mut params = AttentionParams {
+            causal: p.causal,
+            softmax_scale: Some(p.softmax_scale as f32),
+            window: p.window,
+            softcap: p.softcap.map(|c| c as f32),
+            ..Default::default()
+        };
+        if let Some(s) = &slopes {
+            params.alibi_slopes = Some(memory.slice("alibi_slopes", s));
+        }
+        let tensors = BackwardTensors {
+            o: &o_at,
+            lse_addr,
+            lse_len: lse.len(),
+            d_o: &d_o_at,
+            d_q: &d_q_at,
+            d_k: &d_k_at,
+            d_v: &d_v_at,
+        };
+        let forward = match &problem.packed {
+            None => validate(dtype, &q_at, &k_at, &v_at, tensors.forward_outputs(), &params),
+            Some(_) => {
+                let cu_q = OffsetsArg { host: &cu_q, addr: memory.input("cu_seqlens_q", &cu_q) };
+                let cu_k = OffsetsArg { host: &cu_k, addr: memory.input("cu_seqlens_k", &cu_k) };
+                validate_varlen(dtype, &q_at, &k_at, &v_at, cu_q, cu_k, tensors.forward_outputs(), &params)
+            }
+        };
+        let call = forward
+            .and_then(|forward| validate_backward(forward, &q_at, &k_at, &v_at, &tensors))
+            .unwrap_or_else(|e| panic!("refused: {e}"));
+        emulator::run_backward(&call, &memory).unwrap_or_else(|e| panic!("{e}"));
     }
-    if let Some(s) = &slopes32 {
-        forward_params.alibi_slopes = s.as_ptr();
-        forward_params.alibi_batch_stride = p.heads_q as i64;
+    for t in [&d_q, &d_k, &d_v] {
+        let written: std::collections::HashSet<usize> = t.indices().collect();
+        let padding = (0..t.data().len()).filter(|i| !written.contains(i));
+        assert!(padding.into_iter().all(|i| t.data()[i] == POISON), "a gradient's padding was written");
     }
-    let (d_q_arg, d_k_arg, d_v_arg) = (arg_mut(&mut d_q), arg_mut(&mut d_k), arg_mut(&mut d_v));
-    let params = BackwardParams {
-        forward: forward_params,
-        d_o: d_o.data().as_ptr(),
-        d_o_batch_stride: arg(&d_o).strides[0],
-        d_o_row_stride: arg(&d_o).strides[1],
-        d_o_head_stride: arg(&d_o).strides[2],
-        d_q: d_q_arg.ptr,
-        d_q_batch_stride: d_q_arg.strides[0],
-        d_q_row_stride: d_q_arg.strides[1],
-        d_q_head_stride: d_q_arg.strides[2],
-        d_k: d_k_arg.ptr,
-        d_k_batch_stride: d_k_arg.strides[0],
-        d_k_row_stride: d_k_arg.strides[1],
-        d_k_head_stride: d_k_arg.strides[2],
-        d_v: d_v_arg.ptr,
-        d_v_batch_stride: d_v_arg.strides[0],
-        d_v_row_stride: d_v_arg.strides[1],
-        d_v_head_stride: d_v_arg.strides[2],
-        delta: delta.as_mut_ptr(),
-        d_q_accum: d_q_accum.as_mut_ptr(),
-        softmax_scale: p.softmax_scale as f32,
-        head_dim: d as u32,
-    };
-
-    let read = |name, t: &Tensor| GlobalRegion::read_only(name, t.data());
-    let mut regions = vec![read("q", &q), read("k", &k), read("v", &v), read("o", &o), read("d_o", &d_o)];
-    regions.push(GlobalRegion::read_only("lse", &lse));
-    if let Some(s) = &slopes32 {
-        regions.push(GlobalRegion::read_only("alibi_slopes", s));
-    }
-    regions.push(GlobalRegion::writable("d_q", d_q.data_mut()));
-    regions.push(GlobalRegion::writable("d_k", d_k.data_mut()));
-    regions.push(GlobalRegion::writable("d_v", d_v.data_mut()));
-    regions.push(GlobalRegion::writable("delta", &mut delta));
-    regions.push(GlobalRegion::writable("d_q_accum", &mut d_q_accum));
-
-    let main = BACKWARD_TABLE
-        .iter()
-        .find(|kernel| kernel.head_dim as usize == d && kernel.dtype == dtype)
-        .expect("a backward kernel of this head dim");
-    let host_main = entry::backward_kernel(main.name).expect("the emulator has every table row");
-    let config = backward_config_of(d as u32);
-    let rows = LaunchConfig::new(row_grid(sizes.seqlen_q, sizes.heads_q, sizes.batch), ROW_KERNEL_THREADS, 0);
-    let heads_kv = p.heads_kv as u32;
-    let keys =
-        LaunchConfig::new(config.grid(sizes.seqlen_k, heads_kv, sizes.batch), config.threads(), config.smem_bytes());
-    type RowKernel = unsafe fn(&BackwardParams);
-    let (prepare, finish): (RowKernel, RowKernel) = match dtype {
-        Dtype::F16 => (entry::flash_bwd_prepare_f16, entry::flash_bwd_finish_dq_f16),
-        Dtype::Bf16 => (entry::flash_bwd_prepare_bf16, entry::flash_bwd_finish_dq_bf16),
-    };
-    // SAFETY: every address in `params` lies in `regions`, which outlive the launches.
-    unsafe {
-        emu::launch(&rows, &regions, || prepare(&params)).unwrap_or_else(|e| panic!("prepare: {e}"));
-        emu::launch(&keys, &regions, || (host_main.run)(&params)).unwrap_or_else(|e| panic!("{}: {e}", main.name));
-        emu::launch(&rows, &regions, || finish(&params)).unwrap_or_else(|e| panic!("finish: {e}"));
-    }
-    drop(regions);
     let actual = Gradients { d_q: d_q.to_f64(dtype), d_k: d_k.to_f64(dtype), d_v: d_v.to_f64(dtype) };
-    (actual, Gradients { d_q: expected.dq, d_k: expected.dk, d_v: expected.dv })
+    (actual, expected)
 }
 
 /// Runs `problem` in both element types and checks each gradient.
@@ -179,15 +195,12 @@ fn check(what: &str, problem: &Problem, seed: u64) {
 
 fn dense(batch: usize, seqlen_q: usize, seqlen_k: usize, heads: (usize, usize), d: usize, causal: bool) -> Problem {
     let scale = 1.0 / (d as f64).sqrt();
-    Problem {
-        reference: ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads.0, heads.1, d, causal, scale),
-        slopes: None,
-    }
+    let reference = ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads.0, heads.1, d, causal, scale);
+    Problem { reference, slopes: None, packed: None, padded: false }
 }
-
 #[test]
 fn every_head_dim_matches_the_reference() {
-    for (i, kernel) in BACKWARD_TABLE.iter().filter(|k| k.dtype == Dtype::F16).enumerate() {
+    for (i, kernel) in BACKWARD_KERNELS.iter().filter(|k| k.dtype == Dtype::F16).enumerate() {
         let d = kernel.head_dim as usize;
         check(&format!("d={d}"), &dense(1, 80, 100, (2, 1), d, false), 10 + i as u64);
     }
@@ -223,4 +236,22 @@ fn windows_softcap_and_alibi() {
     alibi.slopes = Some(vec![0.5, 0.125, 0.25, 0.0625]);
     alibi.reference.softcap = Some(20.0);
     check("ALiBi and softcap 20", &alibi, 43);
+}
+
+#[test]
+fn padded_strides_and_packed_sequences() {
+    let mut padded = dense(2, 70, 90, (4, 2), 128, true);
+    padded.padded = true;
+    check("padded strides", &padded, 50);
+    // Three sequences, one with more queries than keys and one with a
+    // single query; causal, bottom-right per sequence.
+    let lengths = vec![(70, 100), (90, 40), (1, 65)];
+    let mut packed = dense(1, 90, 100, (2, 1), 64, true);
+    packed.packed = Some(lengths.clone());
+    check("packed, causal", &packed, 51);
+    let mut windowed = dense(1, 90, 100, (2, 2), 32, false);
+    windowed.packed = Some(lengths);
+    windowed.reference.window = (Some(30), Some(10));
+    windowed.slopes = Some(vec![0.25, 0.5, 0.125, 1.0, 0.0625, 0.75]);
+    check("packed, window and ALiBi per sequence", &windowed, 52);
 }

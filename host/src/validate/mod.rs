@@ -10,9 +10,11 @@ use crate::config::{self, TileConfig};
 use crate::error::{Error, Result};
 use crate::memory::DeviceView;
 
+mod backward;
 mod kvcache;
 mod varlen;
 
+pub use backward::{validate_backward, BackwardTensors};
 pub use kvcache::{validate_kvcache, CacheArgs, TableArg};
 pub use varlen::{validate_varlen, OffsetsArg};
 

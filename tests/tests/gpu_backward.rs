@@ -1,0 +1,194 @@
+//! The backward kernels on the GPU, against the f64 CPU reference
+//! gradients (`flash_attn::reference::attention_backward`): every head dim
+//! of the backward table, ragged query and key counts, GQA and MQA,
+//! contiguous, padded and heads-major layouts, causal with more keys than
+//! queries and the reverse, windows, softcap and ALiBi. O and the LSE come
+//! from our forward on the same inputs, as in a training step; dQ, dK and
+//! dV start as NaN. dK and dV (no atomics) must be bit-identical over two
+//! runs. Skipped, saying why, without a GPU.
+
+use flash_attn::cust::memory::DeviceBuffer;
+use flash_attn::cust::stream::{Stream, StreamFlags};
+use flash_attn::reference::{attention_backward, relative_l2_error, ReferenceProblem};
+use flash_attn::{AttentionParams, Element, FlashAttention, Gradients, Tensor, TensorMut, Workspace, BACKWARD_KERNELS};
+use flash_attn_tests::{
+    download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor, span, upload, Placement,
+    TestElement,
+};
+
+/// One backward case: sizes, layout, mask and score modifiers.
+#[derive(Clone, Debug)]
+struct Case {
+    batch: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    heads: (usize, usize),
+    head_dim: usize,
+    placement: Placement,
+    causal: bool,
+    window: (Option<usize>, Option<usize>),
+    softcap: Option<f32>,
+    /// One per query head.
+    alibi: Option<Vec<f32>>,
+}
+
+/// The largest relative L2 error of each gradient against the f64
+/// reference (P and dS are rounded to the element type, as in every
+/// FlashAttention backward).
+fn tolerance<T: TestElement>() -> f64 {
+    match T::DTYPE {
+        flash_attn::Dtype::F16 => 2e-3,
+        flash_attn::Dtype::Bf16 => 1.6e-2,
+    }
+}
+
+fn cases(head_dim: usize) -> Vec<Case> {
+    let case = |batch, seqlen_q, seqlen_k, heads, placement, causal| Case {
+        batch,
+        seqlen_q,
+        seqlen_k,
+        heads,
+        head_dim,
+        placement,
+        causal,
+        window: (None, None),
+        softcap: None,
+        alibi: None,
+    };
+    vec![
+        case(2, 300, 300, (4, 1), Placement::Contiguous, false),
+        case(2, 300, 300, (4, 1), Placement::Contiguous, true),
+        case(1, 130, 515, (2, 2), Placement::Padded, true),
+        case(1, 515, 130, (3, 1), Placement::HeadsMajor, true),
+        Case {
+            window: (Some(100), Some(20)),
+            softcap: Some(15.0),
+            ..case(1, 400, 333, (2, 1), Placement::Padded, false)
+        },
+        Case { alibi: Some(vec![0.25, 0.0625]), ..case(2, 200, 260, (2, 2), Placement::Contiguous, true) },
+        case(1, 2048, 2048, (2, 1), Placement::Contiguous, true),
+    ]
+}
+
+fn run<T: TestElement>(test: &str) {
+    let Some((_context, attention)) = gpu(test) else {
+        return;
+    };
+    let mut rng = rand::thread_rng();
+    let mut workspace = Workspace::new();
+    for kernel in BACKWARD_KERNELS.iter().filter(|k| k.dtype == <T as Element>::DTYPE) {
+        for case in cases(kernel.head_dim as usize) {
+            let scores = case.batch * case.heads.0 * case.seqlen_q * case.seqlen_k;
+            if left_out_of_this_run(test, &case, scores) {
+                continue;
+            }
+            check_case::<T>(&attention, &mut workspace, &case, &mut rng);
+            println!("{test}: ok {} {case:?}", kernel.name);
+        }
+    }
+}
+
+fn check_case<T: TestElement>(
+    attention: &FlashAttention,
+    workspace: &mut Workspace,
+    case: &Case,
+    rng: &mut impl rand::Rng,
+) {
+    let (hq, hk) = case.heads;
+    let q_shape = [case.batch, case.seqlen_q, hq, case.head_dim];
+    let kv_shape = [case.batch, case.seqlen_k, hk, case.head_dim];
+    let [q, k, v, d_o] = [q_shape, kv_shape, kv_shape, q_shape].map(|s| random_tensor::<T>(rng, s, case.placement));
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
+    let [q_dev, k_dev, v_dev, d_o_dev] = [&q, &k, &v, &d_o].map(|t| upload(&t.buffer));
+    let slopes = case.alibi.as_ref().map(|s| upload(s));
+    let params = AttentionParams {
+        causal: case.causal,
+        window: case.window,
+        softcap: case.softcap,
+        alibi_slopes: slopes.as_ref().map(Into::into),
+        ..Default::default()
+    };
+    let tensor = |buffer, t: &flash_attn_tests::HostTensor<T>| Tensor::strided(buffer, t.shape, t.strides);
+    let mut o_dev = poisoned::<T>(q.buffer.len());
+    let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; case.batch * hq * case.seqlen_q]).expect("lse");
+    attention
+        .forward_into(
+            tensor(&q_dev, &q),
+            tensor(&k_dev, &k),
+            tensor(&v_dev, &v),
+            TensorMut::strided(&mut o_dev, q.shape, q.strides),
+            &mut lse_dev,
+            &params,
+            &stream,
+        )
+        .unwrap_or_else(|e| panic!("{case:?}: forward refused: {e}"));
+
+    let mut gradients = || {
+        let (mut d_q, mut d_k, mut d_v) =
+            (poisoned::<T>(q.buffer.len()), poisoned::<T>(k.buffer.len()), poisoned::<T>(v.buffer.len()));
+        attention
+            .backward_into(
+                tensor(&q_dev, &q),
+                tensor(&k_dev, &k),
+                tensor(&v_dev, &v),
+                tensor(&o_dev, &q),
+                &lse_dev,
+                tensor(&d_o_dev, &d_o),
+                Gradients {
+                    d_q: TensorMut::strided(&mut d_q, q.shape, q.strides),
+                    d_k: TensorMut::strided(&mut d_k, k.shape, k.strides),
+                    d_v: TensorMut::strided(&mut d_v, v.shape, v.strides),
+                },
+                &params,
+                workspace,
+                &stream,
+            )
+            .unwrap_or_else(|e| panic!("{case:?}: backward refused: {e}"));
+        stream.synchronize().unwrap_or_else(|e| panic!("{case:?}: kernel failed: {e}"));
+        [download(&d_q), download(&d_k), download(&d_v)]
+    };
+    let first = gradients();
+    let second = gradients();
+    for (name, a, b) in [("dK", &first[1], &second[1]), ("dV", &first[2], &second[2])] {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{case:?}: {name} differs between two runs");
+    }
+
+    let p = ReferenceProblem {
+        batch: case.batch,
+        seqlen_q: case.seqlen_q,
+        seqlen_k: case.seqlen_k,
+        heads_q: hq,
+        heads_kv: hk,
+        head_dim: case.head_dim,
+        causal: case.causal,
+        softmax_scale: 1.0 / (case.head_dim as f64).sqrt(),
+        window: case.window,
+        softcap: case.softcap.map(f64::from),
+    };
+    let slopes64: Option<Vec<f64>> =
+        case.alibi.as_ref().map(|s| (0..case.batch).flat_map(|_| s.iter().map(|&x| x as f64)).collect());
+    let expected = attention_backward(&p, slopes64.as_deref(), &q.dense, &k.dense, &v.dense, &d_o.dense);
+    let [d_q, d_k, d_v] = &first;
+    assert_eq!(d_q.len(), span(q.shape, q.strides));
+    for (name, got, shape, strides, want) in [
+        ("dQ", d_q, q.shape, q.strides, &expected.dq),
+        ("dK", d_k, k.shape, k.strides, &expected.dk),
+        ("dV", d_v, v.shape, v.strides, &expected.dv),
+    ] {
+        let logical: std::collections::HashSet<usize> = (0..shape.iter().product::<usize>())
+            .map(|i| {
+                let [_, s, h, d] = shape;
+                let at = [i / (s * h * d), i / (h * d) % s, i / d % h, i % d];
+                at.iter().zip(strides).map(|(&n, stride)| n * stride).sum()
+            })
+            .collect();
+        let padding_written = (0..got.len()).any(|i| !logical.contains(&i) && got[i].to_bits() != T::POISON);
+        assert!(!padding_written, "{case:?}: {name}'s padding was written");
+        let got = gather(got, shape, strides);
+        assert!(got.iter().all(|x| x.is_finite()), "{case:?}: {name} has NaN (not written?) or inf");
+        let error = relative_l2_error(&got, want);
+        assert!(error < tolerance::<T>(), "{case:?}: {name} relative L2 error {error:.3e}");
+    }
+}
+
+f16_and_bf16_tests!(backward_f16, backward_bf16: run());
