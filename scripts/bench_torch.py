@@ -12,7 +12,10 @@ same GPU, with the same shapes, memory order and FLOP count:
     (scripts/fa4-stage.sh says how to install it on a machine without network);
 and prints one table with our ratio to each and to the fastest. The
 variable-length rows (`"kind": "varlen"`) follow, beside FlashAttention-2's
-varlen forward, then the decode rows (`"kind": "decode"`, ours alone).
+varlen forward, then the backward rows (`"kind": "backward"`: dQ, dK and dV,
+TFLOP/s at 2.5x the forward's FLOPs) beside the same three peers' backward
+(torch autograd through each peer's forward, timed without the forward), then
+the decode rows (`"kind": "decode"`, ours alone).
 
 Every figure, ours (bench) and the peers' (here), is timed the same way
 (`hot_time`, the twin of bench's `hot::hot_time`): the inputs drawn first,
@@ -281,6 +284,11 @@ def flops(row):
     return 4 * b * h * s * s * d / (2 if row["causal"] else 1)
 
 
+def backward_flops(row):
+    """The backward's FLOPs: five matrix products to the forward's two."""
+    return 2.5 * flops(row)
+
+
 def shape_text(row):
     return (f"{row['dtype']} d={row['head_dim']} {'causal' if row['causal'] else 'non-causal'} "
             f"s={row['seqlen']} b={row['batch']} h={row['heads']} {row.get('layout', 'bshd')}")
@@ -305,6 +313,29 @@ def prefill_line(row, peers):
     cells += [ratio(mine, peers[label]) for _, label in PEERS]
     cells += [best_text, f"{mine.tflops / row['ceiling_tflops']:.0%}"]
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def backward_lines(rows, results):
+    """The backward rows as markdown lines; results[i] maps each label of PEERS to row i's Result."""
+    lines = [
+        "",
+        "Backward: dQ, dK and dV, TFLOP/s at 2.5x the forward's FLOPs, [batch, seqlen, heads, d]; the peers' "
+        "backward through torch autograd after one forward, each timed hot without the forward.",
+        "",
+        "| dtype | d | causal | seqlen | ours TFLOP/s | ours MHz/W | FA2 TFLOP/s | FA2 MHz/W | cuDNN TFLOP/s "
+        "| cuDNN MHz/W | FA4 TFLOP/s | FA4 MHz/W | ours/FA2 | ours/cuDNN | ours/FA4 | ours/fastest |",
+        "|" + "---|" * 16,
+    ]
+    for row, peers in zip(rows, results):
+        mine = ours(row)
+        best = fastest([(label, peers[label]) for _, label in PEERS])
+        cells = [row["dtype"], row["head_dim"], row["causal"], row["seqlen"], mine.figure(), mine.clock_power()]
+        for _, label in PEERS:
+            cells += [peers[label].figure(), peers[label].clock_power()]
+        cells += [ratio(mine, peers[label]) for _, label in PEERS]
+        cells.append(f"{ratio(mine, best[1])} ({best[0]})" if best else "—")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
 
 
 def varlen_lines(rows, fa2_results):
@@ -439,6 +470,20 @@ class Peers:
             )
         return contextlib.nullcontext(), lambda: self.fa4(q, k, v, causal=causal)
 
+    def backward_call(self, key, row, q, k, v, d_o):
+        """(context manager, call) of peer `key`'s backward: its forward runs
+        once here on q, k, v (leaves that require grad), in its backend's
+        context, which the autograd graph then holds to; the call takes the
+        gradients of that output for d_o, keeping the graph for the next."""
+        context, forward = self.call(key, row, q, k, v)
+        with context:
+            out = forward()
+        if isinstance(out, tuple):  # FA4 returns (out, lse)
+            out = out[0]
+        if key in self.sdpa:  # SDPA's output is [b, h, s, d]
+            out = out.transpose(1, 2)
+        return contextlib.nullcontext(), lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+
 
 def measure(label, shape, make, row_flops, reps, monitor, failures):
     """Times hot the call that make() returns (with the context manager to run
@@ -489,6 +534,30 @@ def time_prefill_row(row, peers, reps, monitor, failures):
         else:
             make = lambda: peers.call(key, row, q, k, v)
             results[label] = measure(label, shape, make, flops(row), reps, monitor, failures)
+    return results
+
+
+def time_backward_row(row, peers, reps, monitor, failures):
+    """{label: Result} of every peer's backward on `row`."""
+    shape = "backward " + shape_text(row)
+    results = {}
+    reason = None
+    try:
+        q, k, v = (x.requires_grad_() for x in row_inputs(row))
+        d_o = row_inputs(row)[0]
+    except Exception as e:
+        reason = f"inputs: {first_line(e)}"
+        print(f"bench_torch: cannot make the inputs of {shape}: {reason}", file=sys.stderr, flush=True)
+    for key, label in PEERS:
+        if key in peers.missing:
+            results[label] = Result(missing=peers.missing[key])
+            failures.append((label, peers.missing[key], shape))
+        elif reason is not None:
+            results[label] = Result(missing=reason)
+            failures.append((label, reason, shape))
+        else:
+            make = lambda: peers.backward_call(key, row, q, k, v, d_o)
+            results[label] = measure(label, shape, make, backward_flops(row), reps, monitor, failures)
     return results
 
 
@@ -553,6 +622,7 @@ def main():
     prefill = [row for row in rows if row.get("kind", "prefill") == "prefill"]
     decode = [row for row in rows if row.get("kind") == "decode"]
     varlen = [row for row in rows if row.get("kind") == "varlen"]
+    backward = [row for row in rows if row.get("kind") == "backward"]
 
     monitor = Monitor(pci_bus_id())
     print(f"bench_torch: {monitor.status}", file=sys.stderr, flush=True)
@@ -587,6 +657,8 @@ def main():
             else:
                 fa2.append(time_fa2_varlen(row, reps, monitor, failures))
         lines += varlen_lines(varlen, fa2)
+    if backward:
+        lines += backward_lines(backward, [time_backward_row(row, peers, reps, monitor, failures) for row in backward])
     if decode:
         lines += decode_table(decode)
     lines += failure_lines(failures)

@@ -190,6 +190,18 @@ class Tables(unittest.TestCase):
         old = {k: v for k, v in ROW.items() if k not in ("mhz", "watts")}
         self.assertIn("| 300.0 | n/a/n/a |", bt.prefill_line(old, peers))
 
+    def test_backward_lines(self):
+        peers = {"FA2": bt.Result(250.0, 1755.0, 470.0), "cuDNN": bt.Result(400.0, None, None),
+                 "FA4": bt.Result(missing="not installed")}
+        lines = bt.backward_lines([dict(ROW, kind="backward")], [peers])
+        self.assertEqual(len(lines[3].split("|")), len(lines[5].split("|")))
+        self.assertEqual(
+            lines[5],
+            "| f16 | 128 | False | 1024 | 300.0 | 1837/479 | 250.0 | 1755/470 | 400.0 | n/a/n/a | missing | — "
+            "| 1.200x | 0.750x | — | 0.750x (cuDNN) |",
+        )
+        self.assertEqual(bt.backward_flops(ROW), 2.5 * bt.flops(ROW))
+
     def test_failure_lines_group(self):
         failures = [("FA4", "not installed (x)", f"s{i}") for i in range(6)] + [("cuDNN", "RuntimeError: y", "s1")]
         lines = bt.failure_lines(failures)
@@ -209,6 +221,9 @@ def fake_torch(gpu_call_ms=0.05):
     class Tensor:
         def __init__(self, shape):
             self.shape = tuple(shape)
+
+        def requires_grad_(self):
+            return self
 
         def transpose(self, a, b):
             s = list(self.shape)
@@ -259,6 +274,13 @@ def fake_torch(gpu_call_ms=0.05):
     torch.__version__ = "9.9.0+fake"
     torch.float16, torch.bfloat16, torch.int32 = "float16", "bfloat16", "int32"
     torch.randn = lambda *shape, device=None, dtype=None: Tensor(shape)
+
+    def grad(out, inputs, grad_out, retain_graph=False):
+        assert retain_graph and out.shape == grad_out.shape, (out.shape, grad_out.shape)
+        enqueue()
+        return tuple(Tensor(x.shape) for x in inputs)
+
+    torch.autograd = types.SimpleNamespace(grad=grad)
     torch.arange = lambda *a, **k: Tensor([1])
     torch.cuda = types.SimpleNamespace(
         Event=Event, synchronize=synchronize, get_device_name=lambda: "Fake H100", current_device=lambda: 0,
@@ -332,6 +354,7 @@ class EndToEnd(unittest.TestCase):
         {"kind": "varlen", "dtype": "f16", "head_dim": 64, "causal": True, "seqlen": 1024, "batch": 16, "heads": 32,
          "tflops": 250.0, "dense_tflops": 260.0, "mhz": 1800.0, "watts": 470.0, "dense_mhz": 1790.0,
          "dense_watts": 471.0},
+        dict(ROW, kind="backward", tflops=200.0, mhz=1800.0, watts=480.0),
         {"kind": "decode", "dtype": "f16", "head_dim": 128, "heads_q": 32, "heads_kv": 4, "batch": 1, "cache": 4096,
          "kv_bytes": 8388608, "time_us": 20.0, "back_to_back_us": 10.0, "host_us": 3.0, "kv_gbps": 838.0,
          "copy_gbps": 2800.0, "same_bytes_copy_gbps": 1500.0},
@@ -346,11 +369,13 @@ class EndToEnd(unittest.TestCase):
         self.assertIn("bench_torch: NVML: Fake H100, driver 999.1", err)
         self.assertIn("bench_torch: FA4-sm90: flash_attn 4.0.0b36-fake", err)
         timings = [line for line in err.splitlines() if line.startswith("  timing: ")]
-        self.assertEqual(len(timings), 3 + 1 + 1)  # d=128: all three; d=32: FA2; varlen: FA2
+        # d=128: all three; d=32: FA2; varlen: FA2; backward d=128: all three
+        self.assertEqual(len(timings), 3 + 1 + 1 + 3)
         for line in timings:
             self.assertGreaterEqual(int(line.rsplit("NVML samples ", 1)[1]), 2, line)
         self.assertIn("NVML for ours: ok; for the peers: NVML: Fake H100, driver 999.1", md[2])
-        table = [line for line in md if line.startswith("| f16 |")]
+        prefill = md[: md.index(next(line for line in md if line.startswith("Backward: ")))]
+        table = [line for line in prefill if line.startswith("| f16 |")]
         self.assertEqual(len(table), 2)
         d128, d32 = table
         cells = [c.strip() for c in d128.split("|")[1:-1]]
@@ -371,6 +396,13 @@ class EndToEnd(unittest.TestCase):
         self.assertIn("| 250.0 | 1800/470 | 260.0 | 1790/471 |", varlen[0])
         self.assertNotIn("missing", varlen[0])
         self.assertTrue(any(line.startswith("| 1 | 4096 | 8 |") for line in md))
+        backward = md[md.index(next(line for line in md if line.startswith("Backward: "))) + 4]
+        cells = [c.strip() for c in backward.split("|")[1:-1]]
+        self.assertEqual(cells[:6], ["f16", "128", "False", "1024", "200.0", "1800/480"])
+        for i in (6, 8, 10):
+            self.assertNotEqual(cells[i], "missing", backward)
+        self.assertRegex(cells[15], r"^\d+\.\d{3}x \((FA2|cuDNN|FA4)\)$")
+        self.assertIn("backward f16 d=128 non-causal s=1024", err)
 
     def test_without_fa4_and_only_some_peers(self):
         md, out, err = self.run_main(self.ROWS[:3], with_fa4=False, argv=["--peers", "fa2,fa4", "--reps", "3"])

@@ -19,6 +19,12 @@
 //! `forward_varlen_into` (the general kernels), each beside the dense API on
 //! the same work, timed in the same run.
 //!
+//! Then backward rows (`backward_into`, timed hot the same way after one
+//! forward for its o and lse): the grid's shapes at the head dims that have
+//! backward kernels, `[batch, seqlen, heads, d]`; TFLOP/s count 2.5 times
+//! the forward's FLOPs. `--backward-only` runs them alone (over the shapes
+//! the other options choose), `--no-backward` leaves them out.
+//!
 //! After the grid, decode rows: one query token per sequence (causal) over a
 //! full KV cache, batch 1, 4, 16, 64 and cache 1k..64k keys (up to 8 GiB of
 //! K and V), 32 query heads over 4 KV heads (GQA 8:1), head dim 128, f16,
@@ -36,7 +42,7 @@
 //! which small rows cannot beat however fast the kernel.
 //!
 //! `bench [--out FILE] [--quick] [--reps N] [--head-dims D,D..] [--seqlens S,S..] [--layout bshd|bhsd]
-//! [--decode-only | --no-decode | --varlen-only] [--decode-batches B,B..]
+//! [--decode-only | --no-decode | --varlen-only | --backward-only | --no-backward] [--decode-batches B,B..]
 //! [--decode-caches C,C..] [--decode-splits N] [--non-causal] [--portable] [--tokens N] [--heads H]
 //! [--dtypes f16,bf16]`:
 //! prints tables and writes one JSON object per row to FILE, after a first
@@ -72,7 +78,10 @@ use flash_attn::cust::memory::{DeviceBuffer, DeviceSlice};
 use flash_attn::cust::module::Module;
 use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::half1::{bf16, f16};
-use flash_attn::{AttentionParams, CacheSeqlens, FlashAttention, KvCache, SeqOffsets, Tensor, TensorMut, Workspace};
+use flash_attn::{
+    AttentionParams, CacheSeqlens, FlashAttention, Gradients, KvCache, SeqOffsets, Tensor, TensorMut, Workspace,
+    BACKWARD_KERNELS,
+};
 use flash_attn_tests::{normal, TestElement, TEST_PTX};
 
 mod hot;
@@ -218,6 +227,53 @@ fn time_shape<T: TestElement + Send>(
     };
     let timing = hot::hot_time(&hot::CudaTimeline(&stream), &hot::HOT, reps, &mut run, &mut || monitor.sample_now())?;
     let flops = 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
+        / if shape.causal { 2.0 } else { 1.0 };
+    Ok(Measured {
+        tflops: flops / (timing.median_ms * 1e-3) / 1e12,
+        mean_tflops: flops / (timing.mean_ms * 1e-3) / 1e12,
+        reading: monitor.mean(timing.window),
+        warm_up_s: timing.warm_up_ms * 1e-3,
+        warm_up_calls: timing.warm_up_calls,
+        lookahead: timing.lookahead,
+    })
+}
+
+/// The backward of `shape` (dense, `[batch, seqlen, heads, d]`) timed hot
+/// as [`time_shape`] times the forward: q, k, v and dO drawn and the
+/// forward's o and lse computed first, then `backward_into` back to back
+/// (its scratch from one workspace, grown by the first call). TFLOP/s count
+/// 2.5 times the forward's FLOPs (five matrix products to its two).
+fn time_backward<T: TestElement + Send>(
+    attention: &FlashAttention,
+    monitor: &Monitor,
+    shape: &Shape,
+    reps: usize,
+) -> Result<Measured, Box<dyn std::error::Error>> {
+    let (batch, heads) = (shape.batch(), shape.heads());
+    let dims = [batch, shape.seqlen, heads, shape.head_dim];
+    let n: usize = dims.iter().product();
+    let random = || DeviceBuffer::from_slice(&random_normal::<T>(n));
+    let (q, k, v, d_o) = (random()?, random()?, random()?, random()?);
+    let poisoned = || DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); n]);
+    let (mut o, mut d_q, mut d_k, mut d_v) = (poisoned()?, poisoned()?, poisoned()?, poisoned()?);
+    let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+    let params = AttentionParams { causal: shape.causal, ..Default::default() };
+    let (qt, kt, vt) = (Tensor::new(&q, dims), Tensor::new(&k, dims), Tensor::new(&v, dims));
+    attention.forward_into(qt, kt, vt, TensorMut::new(&mut o, dims), &mut lse, &params, &stream)?;
+    let mut workspace = Workspace::new();
+    let mut run = || -> Result<(), Box<dyn std::error::Error>> {
+        let gradients = Gradients {
+            d_q: TensorMut::new(&mut d_q, dims),
+            d_k: TensorMut::new(&mut d_k, dims),
+            d_v: TensorMut::new(&mut d_v, dims),
+        };
+        let (o, d_o) = (Tensor::new(&o, dims), Tensor::new(&d_o, dims));
+        attention.backward_into(qt, kt, vt, o, &lse, d_o, gradients, &params, &mut workspace, &stream)?;
+        Ok(())
+    };
+    let timing = hot::hot_time(&hot::CudaTimeline(&stream), &hot::HOT, reps, &mut run, &mut || monitor.sample_now())?;
+    let flops = 2.5 * 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
         / if shape.causal { 2.0 } else { 1.0 };
     Ok(Measured {
         tflops: flops / (timing.median_ms * 1e-3) / 1e12,
@@ -550,6 +606,63 @@ fn prefill_rows(
     Ok(())
 }
 
+/// Times the backward over `grid` (its dtypes, head dims that have
+/// backward kernels, seqlens and masks; `[batch, seqlen, heads, d]`),
+/// printing a row per shape and writing its JSON (`"kind":"backward"`).
+fn backward_rows(
+    attention: &FlashAttention,
+    monitor: &Monitor,
+    grid: &PrefillGrid,
+    reps: usize,
+    out: &mut Option<std::fs::File>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    println!("backward (dQ, dK, dV; TFLOP/s at 2.5x the forward's FLOPs):");
+    println!(
+        "{:<6} {:>4} {:>7} {:>6} {:>10} {:>10} {:>8}",
+        "dtype", "d", "causal", "seqlen", "TFLOP/s", "MHz/W", "warm-up"
+    );
+    let with_kernels = |&&d: &&usize| BACKWARD_KERNELS.iter().any(|k| k.head_dim as usize == d);
+    for &dtype in grid.dtypes {
+        for &head_dim in grid.head_dims.iter().filter(with_kernels) {
+            for &causal in grid.masks {
+                for &seqlen in grid.seqlens {
+                    let (tokens, heads) = (grid.tokens, grid.heads);
+                    let shape = Shape { seqlen, head_dim, causal, dtype, heads_major: false, tokens, heads };
+                    let measured = match dtype {
+                        "f16" => time_backward::<f16>(attention, monitor, &shape, reps)?,
+                        _ => time_backward::<bf16>(attention, monitor, &shape, reps)?,
+                    };
+                    println!(
+                        "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>10} {:>7.2}s",
+                        dtype,
+                        head_dim,
+                        causal,
+                        seqlen,
+                        measured.tflops,
+                        measured.reading.label(),
+                        measured.warm_up_s
+                    );
+                    if let Some(f) = out.as_mut() {
+                        writeln!(
+                            f,
+                            "{{\"kind\":\"backward\",\"dtype\":\"{}\",\"layout\":\"bshd\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3}{}}}",
+                            dtype,
+                            head_dim,
+                            causal,
+                            seqlen,
+                            shape.batch(),
+                            shape.heads(),
+                            measured.tflops,
+                            measured.json_fields("")
+                        )?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Head dims and seqlens of the variable-length rows.
 const VARLEN_HEAD_DIMS: [usize; 2] = [64, 128];
 const VARLEN_SEQLENS: [usize; 2] = [1024, 4096];
@@ -646,6 +759,8 @@ struct Options {
     quick: bool,
     decode_only: bool,
     varlen_only: bool,
+    /// `--backward-only`: the backward rows alone.
+    backward_only: bool,
     heads_major: bool,
     dtypes: Vec<&'static str>,
     head_dims: Option<Vec<usize>>,
@@ -663,12 +778,23 @@ struct Options {
     standard_grid: bool,
     /// Whether the decode rows run.
     decode: bool,
+    /// Whether the backward rows run (with the standard grid, or alone).
+    backward: bool,
     /// Arguments no option takes (warned about, then ignored).
     unknown: Vec<String>,
 }
 
 /// Flags without a value, then flags with one.
-const SWITCHES: [&str; 6] = ["--quick", "--decode-only", "--no-decode", "--varlen-only", "--non-causal", "--portable"];
+const SWITCHES: [&str; 8] = [
+    "--quick",
+    "--decode-only",
+    "--no-decode",
+    "--varlen-only",
+    "--backward-only",
+    "--no-backward",
+    "--non-causal",
+    "--portable",
+];
 const VALUED: [&str; 11] = [
     "--out",
     "--reps",
@@ -718,6 +844,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     };
     let (quick, decode_only, no_decode) = (flag("--quick"), flag("--decode-only"), flag("--no-decode"));
     let varlen_only = flag("--varlen-only");
+    let (backward_only, no_backward) = (flag("--backward-only"), flag("--no-backward"));
     let heads_major = match value("--layout") {
         None | Some("bshd") => false,
         Some("bhsd") => true,
@@ -750,6 +877,9 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             "--varlen-only excludes --decode-only, --head-dims, --seqlens, --dtypes, --tokens and --heads".into()
         );
     }
+    if backward_only && (decode_only || varlen_only || no_backward) {
+        return Err("--backward-only excludes --decode-only, --varlen-only and --no-backward".into());
+    }
     if decode_only && off_grid {
         return Err("--tokens and --heads shape prefill rows; --decode-only runs none".into());
     }
@@ -763,6 +893,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         quick,
         decode_only,
         varlen_only,
+        backward_only,
         heads_major,
         dtypes,
         head_dims,
@@ -777,7 +908,8 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         decode_splits,
         standard_grid,
         // Choosing prefill shapes asks for prefill rows only.
-        decode: decode_only || !(varlen_only || no_decode || !standard_grid),
+        decode: decode_only || !(varlen_only || backward_only || no_decode || !standard_grid),
+        backward: backward_only || (standard_grid && !(decode_only || varlen_only || no_backward)),
         unknown,
     })
 }
@@ -827,29 +959,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             hot::HOT.warm_up_ms / 1e3
         )?;
     }
+    let head_dims = options.head_dims.clone().unwrap_or(vec![64, 128]);
+    let seqlens = options.seqlens.clone().unwrap_or(if options.quick {
+        vec![1024, 4096]
+    } else {
+        vec![512, 1024, 2048, 4096, 8192, 16384]
+    });
+    let masks: &[bool] = if options.non_causal { &[false] } else { &[false, true] };
+    let grid = PrefillGrid {
+        dtypes: &options.dtypes,
+        head_dims: &head_dims,
+        seqlens: &seqlens,
+        masks,
+        heads_major: options.heads_major,
+        tokens: options.tokens.unwrap_or(STANDARD_TOKENS),
+        heads: options.heads,
+    };
     if options.varlen_only {
         varlen_rows(&attention, &monitor, reps, &mut out)?;
-    } else if !options.decode_only {
-        let head_dims = options.head_dims.clone().unwrap_or(vec![64, 128]);
-        let seqlens = options.seqlens.clone().unwrap_or(if options.quick {
-            vec![1024, 4096]
-        } else {
-            vec![512, 1024, 2048, 4096, 8192, 16384]
-        });
-        let masks: &[bool] = if options.non_causal { &[false] } else { &[false, true] };
-        let grid = PrefillGrid {
-            dtypes: &options.dtypes,
-            head_dims: &head_dims,
-            seqlens: &seqlens,
-            masks,
-            heads_major: options.heads_major,
-            tokens: options.tokens.unwrap_or(STANDARD_TOKENS),
-            heads: options.heads,
-        };
+    } else if !(options.decode_only || options.backward_only) {
         prefill_rows(&attention, &monitor, &grid, reps, &mut out)?;
         if options.standard_grid {
             varlen_rows(&attention, &monitor, reps, &mut out)?;
         }
+    }
+    if options.backward {
+        backward_rows(&attention, &monitor, &grid, reps, &mut out)?;
     }
     if options.decode {
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
@@ -950,8 +1085,20 @@ mod tests {
         let o = parse("--decode-only --decode-batches 1,4 --decode-caches 4096 --decode-splits 3").unwrap();
         assert_eq!((o.decode_batches, o.decode_caches, o.decode_splits), (Some(vec![1, 4]), Some(vec![4096]), Some(3)));
         let o = parse("--varlen-only --reps 5 --layout bhsd --non-causal").unwrap();
-        assert!(o.varlen_only && !o.decode && o.heads_major && o.non_causal);
+        assert!(o.varlen_only && !o.decode && !o.backward && o.heads_major && o.non_causal);
         assert_eq!(o.reps, 5);
+    }
+
+    #[test]
+    fn backward_rows_come_with_the_standard_grid_or_alone() {
+        assert!(parse("").unwrap().backward && parse("--quick").unwrap().backward);
+        for line in ["--no-backward", "--decode-only", "--varlen-only", "--head-dims 64"] {
+            assert!(!parse(line).unwrap().backward, "{line}");
+        }
+        let o = parse("--backward-only --head-dims 64 --seqlens 1024 --dtypes bf16").unwrap();
+        assert!(o.backward && o.backward_only && !o.decode);
+        let o = parse("--backward-only").unwrap();
+        assert!(o.backward && !o.decode && o.standard_grid);
     }
 
     #[test]
@@ -968,6 +1115,8 @@ mod tests {
             ("--varlen-only --head-dims 64", "--varlen-only excludes"),
             ("--decode-only --tokens 4096", "--decode-only runs none"),
             ("--decode-splits 2,3", "--decode-splits takes one number"),
+            ("--backward-only --varlen-only", "--backward-only excludes"),
+            ("--backward-only --no-backward", "--backward-only excludes"),
         ] {
             let e = parse(line).unwrap_err();
             assert!(e.contains(error), "{line}: {e}");
