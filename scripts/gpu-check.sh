@@ -35,6 +35,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 tests_failed=0
 tests_passed=0
 demo="not run"
+train="not run"
 sanitizers="not run"
 sanitizer_runs=0
 if [ "$part" != bench ]; then
@@ -55,6 +56,12 @@ if [ "$part" != bench ]; then
   echo "== demo"
   if "$here/bin/demo" > "$results/demo.log" 2>&1; then demo="ok"; else demo="FAILED"; fi
   cat "$results/demo.log"
+
+  # The training example: forward, loss, backward and SGD steps; the first
+  # step's gradients against the f64 reference, the loss must fall.
+  echo "== train"
+  if "$here/bin/train" > "$results/train.log" 2>&1; then train="ok"; else train="FAILED"; fi
+  cat "$results/train.log"
 
   # compute-sanitizer's four tools over every GPU test executable. A tool's
   # run fails on any error it reports (--error-exitcode), on a test failure,
@@ -173,10 +180,10 @@ else
   fi
 fi
 echo "benchmark: $((SECONDS - bench_start)) s"
-echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; candle $candle; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench"
+echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; train $train; candle $candle; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench"
 # A part alone is not the full check: it exits 2 when everything it ran passed.
 if [ "$part" != bench ]; then
-  [ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$sanitizers" = clean ] && [ "$candle" != FAILED ] || exit 1
+  [ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$train" = ok ] && [ "$sanitizers" = clean ] && [ "$candle" != FAILED ] || exit 1
 fi
 if [ "$part" != tests ]; then
   [ "$bench" = done ] || exit 1

@@ -399,10 +399,11 @@ fn gpu_bundle() -> Result<()> {
         if message["profile"]["test"] != serde_json::Value::Bool(true) {
             continue;
         }
-        // The kernels on the CPU emulator (about a minute of CPU): nothing
-        // for the GPU run or its four sanitizer passes to cover;
-        // scripts/test.sh runs them.
-        if name == "emulator_attention" {
+        // The kernels on the CPU emulator (a minute of CPU and more):
+        // nothing for the GPU run or its four sanitizer passes to cover;
+        // scripts/test.sh runs them. (The emulator cross-checks do use the
+        // GPU.)
+        if matches!(name, "emulator_attention" | "emulator_hopper" | "emulator_backward") {
             continue;
         }
         let kind = message["target"]["kind"][0].as_str().unwrap_or("");
@@ -417,8 +418,11 @@ fn gpu_bundle() -> Result<()> {
     };
     build("flash-attn-tests", "--bin", "bench")?;
     fs::copy(root.join("target/release/bench"), bundle.join("bin/bench")).map_err(|e| e.to_string())?;
-    build("flash-attn", "--example", "demo")?;
-    fs::copy(root.join("target/release/examples/demo"), bundle.join("bin/demo")).map_err(|e| e.to_string())?;
+    for example in ["demo", "train"] {
+        build("flash-attn", "--example", example)?;
+        let built = root.join("target/release/examples").join(example);
+        fs::copy(built, bundle.join("bin").join(example)).map_err(|e| e.to_string())?;
+    }
     for script in ["gpu-check.sh", "bench_torch.py"] {
         fs::copy(root.join("scripts").join(script), bundle.join(script)).map_err(|e| format!("{script}: {e}"))?;
     }
@@ -427,7 +431,7 @@ fn gpu_bundle() -> Result<()> {
     run(Command::new("tar").current_dir(&bundle).args(["czf", "bin.tar.gz", "bin"]))?;
     fs::remove_dir_all(bundle.join("bin")).map_err(|e| e.to_string())?;
     println!(
-        "xtask: gpu-bundle/ holds {} test executables, bench and demo in bin.tar.gz, and gpu-check.sh",
+        "xtask: gpu-bundle/ holds {} test executables, bench, demo and train in bin.tar.gz, and gpu-check.sh",
         copied.len()
     );
     println!("xtask: on the GPU machine run: bash gpu-bundle/gpu-check.sh");
