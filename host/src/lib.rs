@@ -1,4 +1,4 @@
-//! FlashAttention-2 forward on NVIDIA GPUs (sm_80 and newer), from Rust alone.
+//! FlashAttention-2 forward and backward on NVIDIA GPUs (sm_80 and newer), from Rust alone.
 //!
 //! The kernels are Rust (the `flash-attn-kernels` crate) compiled to PTX,
 //! which this crate embeds; [`FlashAttention`] loads it into a CUDA context
@@ -13,6 +13,10 @@
 //! last one. Supported: head dims 32 to 256 in steps of 32,
 //! causal (bottom-right aligned) and not, any sequence lengths, MQA/GQA.
 //! Every invalid input returns an [`Error`] and launches nothing.
+//!
+//! The backward pass ([`FlashAttention::backward_into`],
+//! [`FlashAttention::backward_varlen_into`]) gives dQ, dK and dV at head
+//! dims 32 to 128 for every mask and score modifier of the forward.
 //!
 //! Beyond dense batches: variable-length batches
 //! ([`FlashAttention::forward_varlen_into`], [`SeqOffsets`]), KV caches, dense or
