@@ -79,7 +79,8 @@ pub struct BackwardParams {
 pub struct BackwardConfig {
     pub head_dim: u32,
     /// 4 or 8. Warp `w` owns rows `16 (w % 4)` of a query step, and its
-    /// part `w / 4` of the keys (scores) or of the head dim (gradients).
+    /// part `w / 4` of the keys (scores, contiguous) or of the head dim
+    /// (gradients: every `warps / 4`-th 16-column slice from slice `w / 4`).
     pub warps: u32,
 }
 
@@ -143,12 +144,12 @@ pub const fn row_grid(seqlen_q: u32, heads_q: u32, batch: u32) -> [u32; 3] {
 
 /// The tile shape of the main kernel of `head_dim`, if it has one: four
 /// warps at d=32, eight above (each with half the head dim of dK and dV),
-/// so that dK, dV, the scores and dQ stay in registers. Head dims 160-256
-/// spill in this shape (docs/backward.md).
+/// so that dK, dV, the scores and dQ stay in registers (at d = 160-256 dQ
+/// in passes of a few column tiles; docs/backward.md).
 pub const fn backward_config(head_dim: u32) -> Option<BackwardConfig> {
     match head_dim {
         32 => Some(BackwardConfig { head_dim, warps: 4 }),
-        64 | 96 | 128 => Some(BackwardConfig { head_dim, warps: 8 }),
+        64 | 96 | 128 | 160 | 192 | 224 | 256 => Some(BackwardConfig { head_dim, warps: 8 }),
         _ => None,
     }
 }
@@ -185,6 +186,14 @@ macro_rules! backward_kernels {
             (flash_bwd_d96_bf16, 96, Bf16),
             (flash_bwd_d128_f16, 128, F16),
             (flash_bwd_d128_bf16, 128, Bf16),
+            (flash_bwd_d160_f16, 160, F16),
+            (flash_bwd_d160_bf16, 160, Bf16),
+            (flash_bwd_d192_f16, 192, F16),
+            (flash_bwd_d192_bf16, 192, Bf16),
+            (flash_bwd_d224_f16, 224, F16),
+            (flash_bwd_d224_bf16, 224, Bf16),
+            (flash_bwd_d256_f16, 256, F16),
+            (flash_bwd_d256_bf16, 256, Bf16),
         }
     };
 }
@@ -216,7 +225,7 @@ const _: () = {
         assert!(c.head_dim == BACKWARD_KERNELS[i].head_dim && c.head_dim.is_multiple_of(32));
         assert!(c.warps == 4 || c.warps == 8);
         // Each warp's part of the head dim and of a score row is whole
-        // pairs of 8-column tiles (one ldmatrix.x4 each).
+        // 16-column slices (pairs of 8-column tiles, one ldmatrix.x4 each).
         assert!((c.head_dim / c.column_groups()).is_multiple_of(16));
         assert!((BACKWARD_BLOCK_N / c.column_groups()).is_multiple_of(16));
         // A lane per 8 columns in the row kernels.
@@ -240,7 +249,7 @@ mod tests {
             assert_eq!(k.name, format!("flash_bwd_d{}_{}", k.head_dim, k.dtype.name()));
             assert_eq!(backward_kernel(k.head_dim, k.dtype), Some(k));
         }
-        assert_eq!(BACKWARD_KERNELS.len(), 8);
+        assert_eq!(BACKWARD_KERNELS.len(), 16);
     }
 
     #[test]

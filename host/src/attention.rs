@@ -213,7 +213,7 @@ impl FlashAttention {
     /// and `lse`, and `d_o` (the loss's gradient with respect to `o`, q's
     /// shape), writes dQ, dK and dV into `gradients` (q's, k's and v's
     /// shapes). With GQA/MQA each key/value head's gradients sum over its
-    /// query heads. Head dims 32, 64, 96 and 128.
+    /// query heads. Every head dim of the forward.
     ///
     /// Scratch (f32, `head_dim + 1` per query row and head) comes from
     /// `workspace`, grown on demand: pass the same one every step. dQ is

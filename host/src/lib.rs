@@ -16,7 +16,7 @@
 //!
 //! The backward pass ([`FlashAttention::backward_into`],
 //! [`FlashAttention::backward_varlen_into`]) gives dQ, dK and dV at head
-//! dims 32 to 128 for every mask and score modifier of the forward.
+//! dims 32 to 256 for every mask and score modifier of the forward.
 //!
 //! Beyond dense batches: variable-length batches
 //! ([`FlashAttention::forward_varlen_into`], [`SeqOffsets`]), KV caches, dense or

@@ -219,6 +219,8 @@ fn causal_bottom_right_with_rows_that_see_no_key() {
 fn grouped_query_heads_sum_into_their_key_value_head() {
     check("GQA 4/2", &dense(1, 70, 90, (4, 2), 64, false), 30);
     check("MQA 3/1", &dense(2, 40, 130, (3, 1), 96, true), 31);
+    // dQ in passes, gradient columns interleaved over a head dim of 28 chunks.
+    check("GQA 2/1 d=224", &dense(1, 70, 90, (2, 1), 224, true), 32);
 }
 
 #[test]

@@ -85,25 +85,31 @@ impl<const W: usize> RowsAsB<W> {
 }
 
 /// B fragments for a product over the rows of a tile (`dS K`, `P^T dO`,
-/// `dS^T Q`): `B[k][n] = tile[k][n]`.
+/// `dS^T Q`): `B[k][n] = tile[k][n]`, for one of `parts` interleaved parts
+/// of the tile's columns: part `part` has the 16-column slices `part`,
+/// `part + parts`, ... Each slice is then a constant chunk offset from the
+/// lane's address, which the XOR of [`SmemTile::chunks_across`] reaches
+/// (`2 parts` a power of two): contiguous parts would start at chunk
+/// `part * (W / 8 / parts)`, not a multiple of 8 at W = 160, 192 or 224,
+/// and each slice's swizzled offset would be one more register.
 #[derive(Clone, Copy)]
 pub struct ColumnsAsB<const W: usize> {
     addr: u32,
+    parts: u32,
 }
 
 impl<const W: usize> ColumnsAsB<W> {
     #[inline(always)]
-    pub fn new(tile: SmemTile<W>, lane: u32) -> Self {
+    pub fn new(tile: SmemTile<W>, part: u32, parts: u32, lane: u32) -> Self {
         // Transposed matrices 0..3: rows 0-7 / 8-15 of columns 0-7, then of
         // columns 8-15.
-        Self { addr: tile.chunk_addr(lane % 8 + 8 * ((lane / 8) % 2), lane / 16) }
+        Self { addr: tile.chunk_addr(lane % 8 + 8 * ((lane / 8) % 2), 2 * part + lane / 16), parts }
     }
 
-    /// The n-tiles at columns `8 chunk..+16` (`chunk` even), rows
-    /// `16 k..+16`.
+    /// The n-tiles of the part's 16-column slice `slice`, rows `16 k..+16`.
     #[inline(always)]
-    pub unsafe fn load(self, k: u32, chunk: u32) -> [u32; 4] {
-        let addr = SmemTile::<W>::chunks_across(self.addr, chunk, true);
+    pub unsafe fn load(self, k: u32, slice: u32) -> [u32; 4] {
+        let addr = SmemTile::<W>::chunks_across(self.addr, 2 * self.parts * slice, true);
         arch::ldmatrix_x4_trans(addr + 16 * k * SmemTile::<W>::ROW_BYTES)
     }
 }
@@ -153,20 +159,20 @@ pub unsafe fn rows_times_rows<E: Element, const TILES: usize, const K16: usize, 
     c
 }
 
-/// `c += a b` over `K16 * 16` rows of `b`, its columns `8 first_chunk..+8
-/// TILES`, with the A fragment of k-step `k` from `a(k)`.
+/// `c += a b` over `K16 * 16` rows of `b`, its part's 16-column slices
+/// `first_slice..+TILES / 2`, with the A fragment of k-step `k` from `a(k)`.
 #[inline(always)]
 pub unsafe fn accumulate_over_rows<E: Element, const TILES: usize, const K16: usize, const W: usize>(
     c: &mut [[f32; 4]; TILES],
     a: impl Fn(u32) -> [u32; 4],
     b: ColumnsAsB<W>,
-    first_chunk: u32,
+    first_slice: u32,
 ) {
     const { assert!(TILES.is_multiple_of(2)) }
     for k in 0..K16 as u32 {
         let a = a(k);
         for pair in 0..TILES / 2 {
-            let b = b.load(k, first_chunk + 2 * pair as u32);
+            let b = b.load(k, first_slice + pair as u32);
             E::mma(&mut c[2 * pair], &a, &[b[0], b[1]]);
             E::mma(&mut c[2 * pair + 1], &a, &[b[2], b[3]]);
         }

@@ -40,12 +40,27 @@ const WARP_ROWS: u32 = 16;
 /// Row groups of a step (and key groups of the block).
 const ROW_GROUPS: u32 = BACKWARD_BLOCK_M / WARP_ROWS;
 
+/// The column tiles of each pass of `dQ = dS K` for a warp's `grad_tiles`:
+/// all at once up to 8 (d <= 128); above, passes of 4 or 2 (a divisor), each
+/// with its own accumulators, added to the f32 accumulator before the next
+/// pass. A warp's whole row of dQ (up to 64 registers at d = 256) beside dK
+/// and dV spills.
+pub const fn dq_tiles(grad_tiles: usize) -> usize {
+    if grad_tiles <= 8 {
+        grad_tiles
+    } else if grad_tiles.is_multiple_of(4) {
+        4
+    } else {
+        2
+    }
+}
+
 /// The kernel body of the instance of `HEAD_DIM` and `E`. The const generics
 /// are the array sizes Rust cannot derive in a generic context, asserted
 /// against the config: `HEAD_DIM_16 = HEAD_DIM / 16`, `WARPS` (the
 /// config's), `SCORE_TILES = BLOCK_N / (WARPS / 4) / 8` (a warp's 8-key
-/// tiles of a score row) and `GRAD_TILES = HEAD_DIM / (WARPS / 4) / 8` (its
-/// 8-column tiles of a gradient row).
+/// tiles of a score row), `GRAD_TILES = HEAD_DIM / (WARPS / 4) / 8` (its
+/// 8-column tiles of a gradient row) and `DQ_TILES = dq_tiles(GRAD_TILES)`.
 ///
 /// # Safety
 /// `params` must describe tensors the host validated for this instance; the
@@ -59,6 +74,7 @@ pub unsafe fn backward_key_block<
     const WARPS: usize,
     const SCORE_TILES: usize,
     const GRAD_TILES: usize,
+    const DQ_TILES: usize,
 >(
     params: &BackwardParams,
 ) {
@@ -69,12 +85,11 @@ pub unsafe fn backward_key_block<
         assert!(WARPS == c.warps as usize && HEAD_DIM_16 * 16 == HEAD_DIM);
         assert!(SCORE_TILES * 8 * groups == BACKWARD_BLOCK_N as usize);
         assert!(GRAD_TILES * 8 * groups == HEAD_DIM);
+        assert!(DQ_TILES == dq_tiles(GRAD_TILES) && GRAD_TILES.is_multiple_of(DQ_TILES));
     }
     let f = &params.forward;
     let tid = arch::thread_idx_x();
-    let (warp, lane) = (tid / 32, tid % 32);
     let threads = (WARPS * 32) as u32;
-    let (row_group, column_group) = (warp % ROW_GROUPS, warp / ROW_GROUPS);
     let (n_block, kv_head, batch) = (arch::block_idx_x(), arch::block_idx_y(), arch::block_idx_z());
 
     let rows = BatchRows::of(f, batch);
@@ -113,20 +128,15 @@ pub unsafe fn backward_key_block<
     load_tile_async::<HEAD_DIM>(v_tile, block_n, v, f.v_row_stride as u32, keys_in_block, tid, threads, false);
     arch::cp_async_commit();
 
-    // What a warp works on: its score rows and keys, its gradient keys (dK,
-    // dV) and rows (dQ), and its columns of both.
-    let score_row = row_group * WARP_ROWS;
-    let score_key = column_group * (SCORE_TILES * 8) as u32;
-    let grad_row = row_group * WARP_ROWS;
-    let grad_col = column_group * (GRAD_TILES * 8) as u32;
-    let grad_chunk = grad_col / 8;
     // The operands, each a lane address.
+    let WarpPlace { lane, row: score_row, key: score_key, column_group } = WarpPlace::of::<WARPS>(tid);
+    let (grad_row, groups) = (score_row, (WARPS / 4) as u32);
     let (q_rows, d_o_rows) = (RowsAsA::new(q_tile, score_row, lane), RowsAsA::new(d_o_tile, score_row, lane));
     let (k_rows, v_rows) = (RowsAsB::new(k_tile, score_key, lane), RowsAsB::new(v_tile, score_key, lane));
     let (p_columns, d_s_columns) = (ColumnsAsA::new(p_tile, grad_row, lane), ColumnsAsA::new(d_s_tile, grad_row, lane));
     let d_s_rows = RowsAsA::new(d_s_tile, grad_row, lane);
-    let (q_columns, d_o_columns) = (ColumnsAsB::new(q_tile, lane), ColumnsAsB::new(d_o_tile, lane));
-    let k_columns = ColumnsAsB::new(k_tile, lane);
+    let columns = |tile| ColumnsAsB::new(tile, column_group, groups, lane);
+    let (q_columns, d_o_columns, k_columns) = (columns(q_tile), columns(d_o_tile), columns(k_tile));
     let p_out = FragmentsInTile::new(p_tile, score_row, score_key, lane);
     let d_s_out = FragmentsInTile::new(d_s_tile, score_row, score_key, lane);
     let mut d_k = [[0f32; 4]; GRAD_TILES];
@@ -186,6 +196,12 @@ pub unsafe fn backward_key_block<
             }
             arch::cp_async_wait::<0>();
             arch::sync_threads();
+            // What the warp works on, from the %tid.x read in the step: from
+            // the one read before the loops, LLVM holds each row and column
+            // derived from it (the mask's keys, dQ's rows and columns) in a
+            // register of its own through them.
+            let here = WarpPlace::of::<WARPS>(tid);
+            let (lane, score_row, grad_row) = (here.lane, here.row, here.row);
 
             // 1. Scores, P and dS of the warp's rows and keys.
             let mut s = rows_times_rows::<E, SCORE_TILES, HEAD_DIM_16, HEAD_DIM>(q_rows, k_rows);
@@ -212,7 +228,7 @@ pub unsafe fn backward_key_block<
                 first_row: (first_row + score_row) as i32,
                 diagonal: visibility.diagonal,
             };
-            let warp_first_key = (first_key + score_key) as i32;
+            let warp_first_key = (first_key + here.key) as i32;
             if modifiers.active() {
                 modifiers.apply::<1, SCORE_TILES>(&mut s, warp_first_key, lane);
             }
@@ -242,21 +258,24 @@ pub unsafe fn backward_key_block<
             const STEP_K16: usize = (BACKWARD_BLOCK_M / 16) as usize;
             const BLOCK_K16: usize = (BACKWARD_BLOCK_N / 16) as usize;
             let p_t = |k| p_columns.load(k);
-            accumulate_over_rows::<E, GRAD_TILES, STEP_K16, HEAD_DIM>(&mut d_v, p_t, d_o_columns, grad_chunk);
+            accumulate_over_rows::<E, GRAD_TILES, STEP_K16, HEAD_DIM>(&mut d_v, p_t, d_o_columns, 0);
             let d_s_t = |k| d_s_columns.load(k);
-            accumulate_over_rows::<E, GRAD_TILES, STEP_K16, HEAD_DIM>(&mut d_k, d_s_t, q_columns, grad_chunk);
-            let mut d_q = [[0f32; 4]; GRAD_TILES];
+            accumulate_over_rows::<E, GRAD_TILES, STEP_K16, HEAD_DIM>(&mut d_k, d_s_t, q_columns, 0);
             let d_s = |k| d_s_rows.load(k);
-            accumulate_over_rows::<E, GRAD_TILES, BLOCK_K16, HEAD_DIM>(&mut d_q, d_s, k_columns, grad_chunk);
-            for half in 0..2 {
-                let row = grad_row + lane / 4 + 8 * half;
-                if row < rows_in_step {
-                    let index = rows.lse_index(f, head, first_row + row);
-                    let accum = params.d_q_accum.offset((index * HEAD_DIM as i64) as isize);
-                    for n in 0..GRAD_TILES {
-                        let col = grad_col + 8 * n as u32 + 2 * (lane % 4);
-                        arch::red_global_add_f32(accum.add(col as usize), d_q[n][2 * half as usize]);
-                        arch::red_global_add_f32(accum.add(col as usize + 1), d_q[n][2 * half as usize + 1]);
+            for pass in 0..(GRAD_TILES / DQ_TILES) as u32 {
+                let mut d_q = [[0f32; 4]; DQ_TILES];
+                let first_slice = pass * (DQ_TILES / 2) as u32;
+                accumulate_over_rows::<E, DQ_TILES, BLOCK_K16, HEAD_DIM>(&mut d_q, d_s, k_columns, first_slice);
+                for half in 0..2 {
+                    let row = grad_row + lane / 4 + 8 * half;
+                    if row < rows_in_step {
+                        let index = rows.lse_index(f, head, first_row + row);
+                        let accum = params.d_q_accum.offset((index * HEAD_DIM as i64) as isize);
+                        for n in 0..DQ_TILES {
+                            let col = gradient_column(pass as usize * DQ_TILES + n, here.column_group, groups, lane);
+                            arch::red_global_add_f32(accum.add(col as usize), d_q[n][2 * half as usize]);
+                            arch::red_global_add_f32(accum.add(col as usize + 1), d_q[n][2 * half as usize + 1]);
+                        }
                     }
                 }
             }
@@ -270,33 +289,60 @@ pub unsafe fn backward_key_block<
     // K and V have landed even where no row sees the block (no step).
     arch::cp_async_wait::<0>();
 
-    // dK (scaled) and dV of the warp's keys.
-    let store = |dst: *mut u16,
-                 batch_stride: i64,
-                 row_stride: i64,
-                 head_stride: i64,
-                 grad: &[[f32; 4]; GRAD_TILES],
-                 scale: f32| {
-        let dst = dst.offset(key_offset(batch_stride, row_stride, head_stride));
-        for half in 0..2 {
-            let key = grad_row + lane / 4 + 8 * half;
-            if key < keys_in_block {
-                for n in 0..GRAD_TILES {
-                    let col = grad_col + 8 * n as u32 + 2 * (lane % 4);
-                    let i = 2 * half as usize;
-                    let to = dst.offset(key as isize * row_stride as isize + col as isize);
-                    arch::st_global_u32(to as *mut u32, E::pack(grad[n][i] * scale, grad[n][i + 1] * scale));
-                }
+    // dK (scaled) and dV of the warp's keys, in one loop: a closure called
+    // once per gradient is not inlined at d = 256 (a call with a stack
+    // frame). The warp's place from %tid.x read again, as in the steps.
+    let WarpPlace { lane, row: grad_row, column_group, .. } = WarpPlace::of::<WARPS>(arch::thread_idx_x_here());
+    let d_k_out = params.d_k.offset(key_offset(params.d_k_batch_stride, params.d_k_row_stride, params.d_k_head_stride));
+    let d_v_out = params.d_v.offset(key_offset(params.d_v_batch_stride, params.d_v_row_stride, params.d_v_head_stride));
+    let scale = params.softmax_scale;
+    for half in 0..2 {
+        let key = grad_row + lane / 4 + 8 * half;
+        // Against the sequence's end rather than `keys_in_block`, which
+        // would be one more value held through the query loops.
+        if first_key + key < rows.seqlen_k {
+            for n in 0..GRAD_TILES {
+                let i = 2 * half as usize;
+                let at = |dst: *mut u16, row_stride: i64| {
+                    let col = gradient_column(n, column_group, groups, lane);
+                    dst.offset(key as isize * row_stride as isize + col as isize) as *mut u32
+                };
+                arch::st_global_u32(
+                    at(d_k_out, params.d_k_row_stride),
+                    E::pack(d_k[n][i] * scale, d_k[n][i + 1] * scale),
+                );
+                arch::st_global_u32(at(d_v_out, params.d_v_row_stride), E::pack(d_v[n][i], d_v[n][i + 1]));
             }
         }
-    };
-    store(
-        params.d_k,
-        params.d_k_batch_stride,
-        params.d_k_row_stride,
-        params.d_k_head_stride,
-        &d_k,
-        params.softmax_scale,
-    );
-    store(params.d_v, params.d_v_batch_stride, params.d_v_row_stride, params.d_v_head_stride, &d_v, 1.0);
+    }
+}
+
+/// What a thread's warp works on.
+struct WarpPlace {
+    lane: u32,
+    /// Its first row of a step (scores, dQ) and key of the block (dK, dV):
+    /// `16 (w % 4)`.
+    row: u32,
+    /// Its first key of a score row: part `w / 4` of the block's keys.
+    key: u32,
+    /// Its part of the head dim (gradients), `w / 4`.
+    column_group: u32,
+}
+
+impl WarpPlace {
+    #[inline(always)]
+    fn of<const WARPS: usize>(tid: u32) -> Self {
+        let (warp, lane) = (tid / 32, tid % 32);
+        let column_group = warp / ROW_GROUPS;
+        let key = column_group * BACKWARD_BLOCK_N / (WARPS / 4) as u32;
+        WarpPlace { lane, row: warp % ROW_GROUPS * WARP_ROWS, key, column_group }
+    }
+}
+
+/// The first column of a warp's gradient tile `n` (dK, dV, dQ), and the
+/// lane's in it: the head dim's 16-column slices go round the `groups`
+/// column groups (as [`ColumnsAsB`] reads them).
+#[inline(always)]
+fn gradient_column(n: usize, column_group: u32, groups: u32, lane: u32) -> u32 {
+    16 * ((n / 2) as u32 * groups + column_group) + 8 * (n % 2) as u32 + 2 * (lane % 4)
 }
