@@ -1,19 +1,24 @@
 //! The backward kernels (issue 31): their table, tile configuration,
 //! shared-memory layout and argument block.
 //!
-//! One backward call is three launches on the same [`BackwardParams`]:
+//! One backward call is three kernels on one [`BackwardParams`] (the
+//! deterministic mode launches the second several times, each taking the
+//! next key blocks):
 //!
 //! 1. `flash_bwd_prepare_{f16|bf16}`: per query row, `delta = rowsum(dO * O)`
 //!    into [`BackwardParams::delta`], and the row of the f32 dQ accumulator
 //!    zeroed. Grid [`row_grid`], [`ROW_KERNEL_THREADS`] threads.
 //! 2. `flash_bwd_d{head_dim}_{f16|bf16}`: one block per key block of one
-//!    key/value head and batch (grid [`BackwardConfig::grid`]). It walks the
-//!    query rows of every query head of its group that see its keys,
-//!    recomputes P from Q, K and the saved LSE, accumulates dK and dV in
-//!    registers and adds each query block's dQ to the f32 accumulator with
-//!    atomics. Writes dK (scaled) and dV.
-//! 3. `flash_bwd_finish_dq_{f16|bf16}`: dQ = softmax_scale * accumulator,
-//!    rounded. Grid [`row_grid`], [`ROW_KERNEL_THREADS`] threads.
+//!    key/value head and batch (grid [`BackwardConfig::grid`]); in the
+//!    deterministic mode, launches of `dq_splits` key blocks one after
+//!    another. For a key block it walks the query rows of every query head of
+//!    its group that see its keys, recomputes P from Q, K and the saved LSE,
+//!    accumulates dK and dV in registers and adds each query block's dQ to
+//!    the f32 accumulator (with atomics, or to its split's own).
+//!    Writes dK (scaled) and dV.
+//! 3. `flash_bwd_finish_dq_{f16|bf16}`: dQ = softmax_scale * the
+//!    accumulator (the splits' summed in order), rounded. Grid [`row_grid`],
+//!    [`ROW_KERNEL_THREADS`] threads.
 //!
 //! The table lists every main kernel once
 //! ([`backward_kernels!`](crate::backward_kernels)); the device crate makes
@@ -69,6 +74,16 @@ pub struct BackwardParams {
     /// `head_dim` times that index.
     pub delta: *mut f32,
     pub d_q_accum: *mut f32,
+    /// The deterministic mode's accumulators: 0 for one accumulator that
+    /// every block adds to with atomics (one launch, grid x the key
+    /// blocks); else this many, `d_q_accum_split_stride` elements apart:
+    /// launches of a grid this wide, one after another, each taking the
+    /// next `dq_splits` key blocks, block x adding into accumulator x. The
+    /// finish kernel sums them in order.
+    pub d_q_accum_split_stride: i64,
+    pub dq_splits: u32,
+    /// The key block of block x = 0 of this launch of the main kernel.
+    pub first_key_block: u32,
     /// The softmax scale itself (the forward holds it times log2(e)).
     pub softmax_scale: f32,
     pub head_dim: u32,
@@ -130,9 +145,12 @@ impl BackwardConfig {
         self.layout().end
     }
 
-    /// `(key blocks of the longest sequence, key/value heads, batch)`.
-    pub const fn grid(&self, seqlen_k: u32, heads_kv: u32, batch: u32) -> [u32; 3] {
-        [seqlen_k.div_ceil(BACKWARD_BLOCK_N), heads_kv, batch]
+    /// `(key blocks of the longest sequence, key/value heads, batch)`, or
+    /// with `dq_splits > 0` (the deterministic mode) that many blocks along
+    /// x.
+    pub const fn grid(&self, seqlen_k: u32, heads_kv: u32, batch: u32, dq_splits: u32) -> [u32; 3] {
+        let x = if dq_splits > 0 { dq_splits } else { seqlen_k.div_ceil(BACKWARD_BLOCK_N) };
+        [x, heads_kv, batch]
     }
 }
 

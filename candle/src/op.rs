@@ -174,6 +174,7 @@ impl FlashAttnOp {
             softcap: self.params.softcap,
             alibi_slopes: alibi_view.as_ref().map(DeviceView::from),
             num_splits: self.num_splits,
+            deterministic: false,
         };
 
         {

@@ -217,7 +217,8 @@ impl FlashAttention {
     ///
     /// Scratch (f32, `head_dim + 1` per query row and head) comes from
     /// `workspace`, grown on demand: pass the same one every step. dQ is
-    /// summed with atomics, so its last bits may differ from run to run.
+    /// summed with atomics, so its last bits may differ from run to run,
+    /// unless `params.deterministic` (a fixed order, more scratch).
     /// `params.num_splits` is a forward option and is not used here.
     ///
     /// ```no_run
@@ -296,7 +297,7 @@ impl FlashAttention {
             d_v: &d_v_at,
         };
         let forward = validate(T::DTYPE, &q_at, &k_at, &v_at, tensors.forward_outputs(), params)?;
-        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors)?;
+        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)?;
         let mut order = StreamOrder::new(stream.launch_on());
         order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         order.read("o", &o.memory)?;
@@ -345,7 +346,7 @@ impl FlashAttention {
         };
         let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
         let forward = validate_varlen(T::DTYPE, &q_at, &k_at, &v_at, cu_q, cu_k, tensors.forward_outputs(), params)?;
-        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors)?;
+        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)?;
         let mut order = StreamOrder::new(stream.launch_on());
         order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         order.read("o", &o.memory)?;
@@ -363,7 +364,7 @@ impl FlashAttention {
         let context = self.module.context();
         context.with_current(|| {
             context.check_stream(stream)?;
-            let plan = plan_backward(call)?;
+            let plan = plan_backward(call, self.module.sm_count())?;
             self.module.load_backward()?;
             launch_backward(&self.module, &plan, &mut Scratch::Workspace(workspace), stream)?;
             Ok(call.forward.problem)

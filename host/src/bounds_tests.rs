@@ -1130,6 +1130,7 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
         softcap: f.softcap,
         alibi_slopes: slopes,
         num_splits: f.num_splits,
+        deterministic: false,
     };
     let (q, k, v, o) = (&placed[0], &placed[1], &placed[2], &placed[3]);
     let lse_addr = addrs["lse"];

@@ -165,4 +165,6 @@ pub struct BackwardCall {
     /// Values of the forward's lse the call indexes (its scratch holds one
     /// delta and `head_dim` dQ accumulators for each).
     pub lse_rows: usize,
+    /// dQ summed in a fixed order (`AttentionParams::deterministic`).
+    pub deterministic: bool,
 }

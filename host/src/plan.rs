@@ -6,7 +6,8 @@
 //! scratch addresses and runs the result.
 
 use flash_attn_abi::backward::{
-    backward_kernel, row_grid as backward_row_grid, BackwardKernel, BackwardParams, ROW_KERNEL_THREADS,
+    backward_kernel, row_grid as backward_row_grid, BackwardKernel, BackwardParams, BACKWARD_BLOCK_N,
+    ROW_KERNEL_THREADS,
 };
 use flash_attn_abi::config::MAX_ROW_STRIDE;
 use flash_attn_abi::hopper::{hopper_kernel, HopperKernel, HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
@@ -360,17 +361,20 @@ impl Plan {
     }
 }
 
-/// A planned backward call: its three launches on one argument block,
-/// less the scratch address that [`BackwardPlan::launches`] binds.
+/// A planned backward call: its launches on one argument block, less the
+/// scratch address that [`BackwardPlan::launches`] binds.
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardPlan {
     /// The main kernel.
     pub kernel: &'static BackwardKernel,
     /// The arguments, outputs bound, scratch not.
     pub args: BackwardParams,
-    /// Grids of the row kernels and of the main kernel.
+    /// Grids of the row kernels and of each launch of the main kernel, and
+    /// how many launches of it: one, or in the deterministic mode enough
+    /// of `dq_splits` key blocks each to take them all.
     pub row_grid: [u32; 3],
     pub key_grid: [u32; 3],
+    pub key_launches: u32,
     /// Byte offsets in the scratch of delta and the dQ accumulator, and
     /// the whole scratch.
     pub delta: usize,
@@ -382,7 +386,7 @@ impl BackwardPlan {
     /// The launches in order (prepare, the main kernel, finish dQ) with the
     /// scratch at `scratch` (at least [`Self::scratch_bytes`], 256-byte
     /// aligned).
-    pub fn launches(&self, scratch: u64) -> [Launch; 3] {
+    pub fn launches(&self, scratch: u64) -> Vec<Launch> {
         let mut args = self.args;
         args.delta = (scratch + self.delta as u64) as *mut f32;
         args.d_q_accum = (scratch + self.d_q_accum as u64) as *mut f32;
@@ -395,24 +399,27 @@ impl BackwardPlan {
             smem_bytes: 0,
             args: KernelArgs::Backward(args),
         };
-        [
-            rows(Kernel::BackwardPrepare(dtype)),
-            Launch {
-                kernel: Kernel::Backward(self.kernel),
-                grid: self.key_grid,
-                threads: config.threads(),
-                smem_bytes: config.smem_bytes(),
-                args: KernelArgs::Backward(args),
-            },
-            rows(Kernel::BackwardFinish(dtype)),
-        ]
+        let main = (0..self.key_launches).map(|i| Launch {
+            kernel: Kernel::Backward(self.kernel),
+            grid: self.key_grid,
+            threads: config.threads(),
+            smem_bytes: config.smem_bytes(),
+            args: KernelArgs::Backward(BackwardParams { first_key_block: i * self.key_grid[0], ..args }),
+        });
+        std::iter::once(rows(Kernel::BackwardPrepare(dtype)))
+            .chain(main)
+            .chain([rows(Kernel::BackwardFinish(dtype))])
+            .collect()
     }
 }
 
-/// Plans the backward `call`: the main kernel of its head dim and element
-/// type, the grids, and the scratch (delta and the dQ accumulator, f32, one
-/// and `head_dim` per lse value).
-pub fn plan_backward(call: &BackwardCall) -> Result<BackwardPlan> {
+/// Plans the backward `call` on a GPU of `sm_count` SMs: the main kernel of
+/// its head dim and element type, the grids, and the scratch (delta and the
+/// dQ accumulator, f32, one and `head_dim` per lse value). In the
+/// deterministic mode, one accumulator per split: enough splits that a
+/// launch's grid covers each SM twice, at most one per key block, and as
+/// many launches of the main kernel as that takes.
+pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPlan> {
     let f = &call.forward;
     let p = &f.problem;
     let kernel = u32::try_from(p.head_dim)
@@ -422,6 +429,9 @@ pub fn plan_backward(call: &BackwardCall) -> Result<BackwardPlan> {
     let Outputs::Given { o, lse } = f.outputs else {
         return Err(Error::ShapeMismatch("the backward reads the forward's o and lse: give them".into()));
     };
+    let key_blocks = p.seqlen_k.div_ceil(BACKWARD_BLOCK_N as usize);
+    let dq_splits =
+        if call.deterministic { (2 * sm_count.max(1)).div_ceil(p.heads_kv * p.batch).clamp(1, key_blocks) } else { 0 };
     let mut forward = forward_params(f);
     forward.o = o.addr as *mut u16;
     forward.lse = lse as *mut f32;
@@ -449,14 +459,17 @@ pub fn plan_backward(call: &BackwardCall) -> Result<BackwardPlan> {
         d_v_head_stride: d_vh,
         delta: core::ptr::null_mut(),
         d_q_accum: core::ptr::null_mut(),
+        d_q_accum_split_stride: (call.lse_rows * p.head_dim) as i64,
+        dq_splits: dq_splits as u32,
+        first_key_block: 0,
         softmax_scale: f.scale,
         head_dim: p.head_dim as u32,
     };
     let overflow = || Error::TooLarge { what: "backward scratch bytes", value: usize::MAX, max: isize::MAX as usize };
     let round = |n: usize| n.checked_next_multiple_of(SCRATCH_ALIGN).ok_or_else(overflow);
     let delta_bytes = round(call.lse_rows.checked_mul(4).ok_or_else(overflow)?)?;
-    let accum_bytes =
-        round(call.lse_rows.checked_mul(p.head_dim).and_then(|n| n.checked_mul(4)).ok_or_else(overflow)?)?;
+    let accum = [p.head_dim, 4, dq_splits.max(1)].into_iter().try_fold(call.lse_rows, |n, m| n.checked_mul(m));
+    let accum_bytes = round(accum.ok_or_else(overflow)?)?;
     let scratch_bytes =
         delta_bytes.checked_add(accum_bytes).filter(|&n| n <= isize::MAX as usize).ok_or_else(overflow)?;
     let (batch, heads_q, heads_kv) = (p.batch as u32, p.heads_q as u32, p.heads_kv as u32);
@@ -464,7 +477,8 @@ pub fn plan_backward(call: &BackwardCall) -> Result<BackwardPlan> {
         kernel,
         args,
         row_grid: backward_row_grid(p.seqlen_q as u32, heads_q, batch),
-        key_grid: kernel.config.grid(p.seqlen_k as u32, heads_kv, batch),
+        key_grid: kernel.config.grid(p.seqlen_k as u32, heads_kv, batch, dq_splits as u32),
+        key_launches: if dq_splits > 0 { key_blocks.div_ceil(dq_splits) as u32 } else { 1 },
         delta: 0,
         d_q_accum: delta_bytes,
         scratch_bytes,

@@ -389,10 +389,11 @@ pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -
 
 /// Runs a validated backward `call` whose buffers are `memory` (the
 /// forward's o and lse, and dO, as inputs; dQ, dK and dV as outputs) on the
-/// emulator, as the host runs it on a GPU: plans it, reserves its scratch
-/// (every byte 0xff, NaN as f32) and runs its three launches in order.
-pub fn run_backward(call: &BackwardCall, memory: &Memory) -> Result<BackwardPlan, Failure> {
-    let plan = plan_backward(call)?;
+/// emulator, as the host runs it on a GPU of `sm_count` SMs: plans it,
+/// reserves its scratch (every byte 0xff, NaN as f32) and runs its three
+/// launches in order.
+pub fn run_backward(call: &BackwardCall, memory: &Memory, sm_count: usize) -> Result<BackwardPlan, Failure> {
+    let plan = plan_backward(call, sm_count)?;
     let scratch = Scratch::new(plan.scratch_bytes);
     for launch in plan.launches(scratch.addr()) {
         let regions = memory.regions(&launch, &scratch);

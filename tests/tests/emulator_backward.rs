@@ -22,7 +22,12 @@ struct Problem {
     slopes: Option<Vec<f64>>,
     packed: Option<Vec<(usize, usize)>>,
     padded: bool,
+    deterministic: bool,
 }
+
+/// The SMs of the GPU the plans are made for: few, so that a deterministic
+/// split takes several key blocks.
+const SM_COUNT: usize = 2;
 
 /// What the kernels wrote, as f64, densely packed like the reference's.
 struct Gradients {
@@ -142,6 +147,7 @@ fn run(problem: &Problem, dtype: Dtype, seed: u64) -> (Gradients, Gradients) {
             softmax_scale: Some(p.softmax_scale as f32),
             window: p.window,
             softcap: p.softcap.map(|c| c as f32),
+            deterministic: problem.deterministic,
             ..Default::default()
         };
         if let Some(s) = &slopes {
@@ -165,9 +171,9 @@ fn run(problem: &Problem, dtype: Dtype, seed: u64) -> (Gradients, Gradients) {
             }
         };
         let call = forward
-            .and_then(|forward| validate_backward(forward, &q_at, &k_at, &v_at, &tensors))
+            .and_then(|forward| validate_backward(forward, &q_at, &k_at, &v_at, &tensors, &params))
             .unwrap_or_else(|e| panic!("refused: {e}"));
-        emulator::run_backward(&call, &memory).unwrap_or_else(|e| panic!("{e}"));
+        emulator::run_backward(&call, &memory, SM_COUNT).unwrap_or_else(|e| panic!("{e}"));
     }
     for t in [&d_q, &d_k, &d_v] {
         let written: std::collections::HashSet<usize> = t.indices().collect();
@@ -196,7 +202,7 @@ fn check(what: &str, problem: &Problem, seed: u64) {
 fn dense(batch: usize, seqlen_q: usize, seqlen_k: usize, heads: (usize, usize), d: usize, causal: bool) -> Problem {
     let scale = 1.0 / (d as f64).sqrt();
     let reference = ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads.0, heads.1, d, causal, scale);
-    Problem { reference, slopes: None, packed: None, padded: false }
+    Problem { reference, slopes: None, packed: None, padded: false, deterministic: false }
 }
 #[test]
 fn every_head_dim_matches_the_reference() {
@@ -256,4 +262,26 @@ fn padded_strides_and_packed_sequences() {
     windowed.reference.window = (Some(30), Some(10));
     windowed.slopes = Some(vec![0.25, 0.5, 0.125, 1.0, 0.0625, 0.75]);
     check("packed, window and ALiBi per sequence", &windowed, 52);
+}
+
+#[test]
+fn the_deterministic_mode_matches_the_reference_and_itself() {
+    // Four key blocks of each of 2 key/value heads in 2 batches on a GPU of
+    // two SMs: one split per block column, each taking all four blocks.
+    let mut problem = dense(2, 100, 250, (4, 2), 64, true);
+    problem.deterministic = true;
+    check("deterministic", &problem, 60);
+    let mut packed = dense(1, 90, 100, (2, 1), 128, false);
+    packed.deterministic = true;
+    packed.packed = Some(vec![(70, 200), (90, 40)]);
+    check("deterministic, packed", &packed, 61);
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        let (first, _) = run(&problem, dtype, 62);
+        let (second, _) = run(&problem, dtype, 62);
+        for (name, a, b) in
+            [("dQ", &first.d_q, &second.d_q), ("dK", &first.d_k, &second.d_k), ("dV", &first.d_v, &second.d_v)]
+        {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{dtype:?}: {name} differs between runs");
+        }
+    }
 }

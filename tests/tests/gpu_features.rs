@@ -52,6 +52,7 @@ impl Features {
             softcap: self.softcap,
             alibi_slopes: slopes.map(DeviceView::from),
             num_splits: self.num_splits,
+            deterministic: false,
         }
     }
 

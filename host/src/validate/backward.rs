@@ -4,8 +4,8 @@
 use flash_attn_abi::backward::backward_config;
 
 use super::{
-    bytes, check_aliasing, check_distinct_elements, check_row_stride, check_tensor, tensor_at, tensor_bytes, Bytes,
-    Placed,
+    bytes, check_aliasing, check_distinct_elements, check_row_stride, check_tensor, tensor_at, tensor_bytes,
+    AttentionParams, Bytes, Placed,
 };
 use crate::call::{BackwardCall, Call, Outputs, Sequences};
 use crate::error::{Error, Result};
@@ -34,7 +34,8 @@ impl BackwardTensors<'_> {
 }
 
 /// Checks the backward of `forward`, a dense or packed call validated with
-/// [`BackwardTensors::forward_outputs`] from `q`, `k` and `v`: a head dim
+/// [`BackwardTensors::forward_outputs`] from `q`, `k`, `v` and `params`
+/// (whose `deterministic` the backward takes): a head dim
 /// with backward kernels, dO of q's shape, dQ of q's shape and dK, dV of
 /// k's shape with distinct elements, overlapping neither each other nor
 /// anything the call reads (q, k, v, o, lse, dO, the ALiBi slopes).
@@ -44,6 +45,7 @@ pub fn validate_backward(
     k: &Placed,
     v: &Placed,
     tensors: &BackwardTensors,
+    params: &AttentionParams,
 ) -> Result<BackwardCall> {
     let p = forward.problem;
     if u32::try_from(p.head_dim).ok().and_then(backward_config).is_none() {
@@ -87,13 +89,14 @@ pub fn validate_backward(
         d_k: tensor_at(d_k),
         d_v: tensor_at(d_v),
         lse_rows,
+        deterministic: params.deterministic,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests_support::contiguous_tensor;
-    use super::super::{validate, AttentionParams};
+    use super::super::validate;
     use super::*;
     use crate::plan::{plan_backward, KernelArgs};
     use crate::Kernel;
@@ -145,7 +148,7 @@ mod tests {
             };
             let params = AttentionParams { causal: true, ..Default::default() };
             let forward = validate(Dtype::Bf16, &self.q, &self.k, &self.v, tensors.forward_outputs(), &params)?;
-            validate_backward(forward, &self.q, &self.k, &self.v, &tensors)
+            validate_backward(forward, &self.q, &self.k, &self.v, &tensors, &params)
         }
     }
 
@@ -153,14 +156,15 @@ mod tests {
     fn a_valid_call_plans_three_launches_on_one_argument_block() {
         let call = Backward::new(128).run().expect("a valid call");
         assert_eq!(call.lse_rows, 2 * 8 * 100);
-        let plan = plan_backward(&call).unwrap();
+        let plan = plan_backward(&call, 132).unwrap();
         assert_eq!(plan.kernel.name, "flash_bwd_d128_bf16");
         assert_eq!((plan.row_grid, plan.key_grid), ([7, 8, 2], [1, 2, 2]));
         // delta: 1600 f32 rounded to 256 bytes, then the accumulator.
         assert_eq!((plan.delta, plan.d_q_accum), (0, 6400_usize.next_multiple_of(256)));
         assert_eq!(plan.scratch_bytes, plan.d_q_accum + 1600 * 128 * 4);
         let launches = plan.launches(1 << 40);
-        let kernels = launches.map(|l| l.kernel);
+        assert_eq!(launches.len(), 3);
+        let kernels: Vec<Kernel> = launches.iter().map(|l| l.kernel).collect();
         assert_eq!(kernels[1], Kernel::Backward(plan.kernel));
         assert_eq!(
             (kernels[0], kernels[2]),
@@ -175,6 +179,37 @@ mod tests {
         );
         assert_eq!((args.forward.window_left, args.forward.window_right, args.head_dim), (-1, 0, 128));
         assert_eq!((args.d_k_batch_stride, args.d_k_row_stride, args.d_k_head_stride), (37 * 2 * 128, 2 * 128, 128));
+    }
+
+    #[test]
+    fn the_deterministic_mode_gives_each_split_its_own_accumulator() {
+        let mut call = Backward::new(64).run().expect("a valid call");
+        call.deterministic = true;
+        // 2 x 132 SMs over 2 heads x 2 batches: 66 splits, but only one key
+        // block (37 keys): one split.
+        let plan = plan_backward(&call, 132).unwrap();
+        assert_eq!((plan.args.dq_splits, plan.key_grid), (1, [1, 2, 2]));
+        // Many keys on a small GPU: 2 x 4 SMs over 4 blocks of each column.
+        call.forward.problem.seqlen_k = 1000;
+        let plan = plan_backward(&call, 4).unwrap();
+        assert_eq!((plan.args.dq_splits, plan.key_grid, plan.key_launches), (2, [2, 2, 2], 8));
+        assert_eq!(plan.args.d_q_accum_split_stride, 1600 * 64);
+        assert_eq!(plan.scratch_bytes, plan.d_q_accum + 2 * 1600 * 64 * 4);
+        // Prepare, eight launches of two key blocks each, finish.
+        let launches = plan.launches(0);
+        assert_eq!(launches.len(), 10);
+        let first_blocks: Vec<u32> = launches[1..9]
+            .iter()
+            .map(|l| match l.args {
+                KernelArgs::Backward(a) => a.first_key_block,
+                _ => panic!("backward arguments"),
+            })
+            .collect();
+        assert_eq!(first_blocks, [0, 2, 4, 6, 8, 10, 12, 14]);
+        call.deterministic = false;
+        let plan = plan_backward(&call, 4).unwrap();
+        assert_eq!((plan.args.dq_splits, plan.key_grid, plan.key_launches), (0, [16, 2, 2], 1));
+        assert_eq!(plan.scratch_bytes, plan.d_q_accum + 1600 * 64 * 4);
     }
 
     #[test]

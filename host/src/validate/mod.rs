@@ -130,6 +130,12 @@ pub struct AttentionParams<'a> {
     /// [`num_splits_heuristic`](crate::num_splits_heuristic) choose;
     /// `Some(1)` never splits. At most [`MAX_SPLITS`](crate::MAX_SPLITS).
     pub num_splits: Option<usize>,
+    /// Backward only: dQ summed in a fixed order, so that the same inputs
+    /// give bitwise the same gradients (dK and dV always are). It takes
+    /// more scratch: one f32 accumulator of dQ per group of key blocks
+    /// that run concurrently, instead of one added to with atomics. The
+    /// forward is deterministic either way and ignores it.
+    pub deterministic: bool,
 }
 
 /// The head dims that have kernels: every multiple of 32 from 32 to 256.

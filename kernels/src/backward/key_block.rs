@@ -1,5 +1,7 @@
 //! The main backward kernel: one block per key block of
-//! [`BACKWARD_BLOCK_N`] keys of one key/value head and batch.
+//! [`BACKWARD_BLOCK_N`] keys of one key/value head and batch (block x takes
+//! key block `first_key_block + x`: in the deterministic mode, launches of
+//! `dq_splits` key blocks each take them in turn).
 //!
 //! It loads its K and V once, then walks every query step (a block of
 //! [`BACKWARD_BLOCK_M`] rows) of every query head of its group whose rows see
@@ -14,7 +16,8 @@
 //! 2. gradients: `dV += P^T dO` and `dK += dS^T Q` for keys `16 (w % 4)..`
 //!    and the warp's part of the head dim, kept in registers through all
 //!    steps; `dQ += dS K` for rows `16 (w % 4)..` and the same part of the
-//!    head dim, added to the f32 accumulator with `red.global.add`.
+//!    head dim, added to the f32 accumulator with `red.global.add` (in
+//!    the deterministic mode, to the block's split's own).
 //!
 //! The softmax scale multiplies dK at the end and dQ in
 //! [`super::rows::finish_dq`]; dS itself is the gradient of the logits
@@ -90,7 +93,21 @@ pub unsafe fn backward_key_block<
     let f = &params.forward;
     let tid = arch::thread_idx_x();
     let threads = (WARPS * 32) as u32;
-    let (n_block, kv_head, batch) = (arch::block_idx_x(), arch::block_idx_y(), arch::block_idx_z());
+    let (block_x, kv_head, batch) = (arch::block_idx_x(), arch::block_idx_y(), arch::block_idx_z());
+    let n_block = params.first_key_block + block_x;
+    // The accumulator this block adds dQ to: the one every block adds to,
+    // or in the deterministic mode its split's own (split x of each of the
+    // launches that take `dq_splits` key blocks at a time). There one
+    // thread of one block at a time is the only one to add to each of its
+    // elements (the same warp and lane owns the same rows and columns of
+    // every step), and its atomic adds to one address take effect in
+    // program order, the launches in stream order: the sums do not depend
+    // on timing.
+    let d_q_accum = if params.dq_splits > 0 {
+        params.d_q_accum.offset((block_x as i64 * params.d_q_accum_split_stride) as isize)
+    } else {
+        params.d_q_accum
+    };
 
     let rows = BatchRows::of(f, batch);
     let first_key = n_block * BACKWARD_BLOCK_N;
@@ -270,7 +287,7 @@ pub unsafe fn backward_key_block<
                     let row = grad_row + lane / 4 + 8 * half;
                     if row < rows_in_step {
                         let index = rows.lse_index(f, head, first_row + row);
-                        let accum = params.d_q_accum.offset((index * HEAD_DIM as i64) as isize);
+                        let accum = d_q_accum.offset((index * HEAD_DIM as i64) as isize);
                         for n in 0..DQ_TILES {
                             let col = gradient_column(pass as usize * DQ_TILES + n, here.column_group, groups, lane);
                             arch::red_global_add_f32(accum.add(col as usize), d_q[n][2 * half as usize]);

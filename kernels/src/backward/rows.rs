@@ -29,7 +29,8 @@ unsafe fn for_each_row(p: &BackwardParams, mut f: impl FnMut(&BatchRows, u32, u3
 }
 
 /// `delta[row] = sum(dO[row] * O[row])` in f32 (what `dS = P (dP - delta)`
-/// subtracts), and the row's `head_dim` accumulators of dQ set to zero.
+/// subtracts), and the row's `head_dim` accumulators of dQ (of every split)
+/// set to zero.
 ///
 /// # Safety
 /// `p` describes tensors the host validated; the launch is as above.
@@ -63,16 +64,20 @@ pub unsafe fn prepare<E: Element>(p: &BackwardParams) {
         if lane == 0 {
             arch::st_global_f32(p.delta.offset(index as isize), sum);
         }
-        let accum = p.d_q_accum.offset((index * p.head_dim as i64) as isize);
-        let mut chunk = lane;
-        while chunk < p.head_dim / 4 {
-            arch::st_global_v4(accum.add(4 * chunk as usize) as *mut u8, [0; 4]);
-            chunk += 32;
+        for split in 0..p.dq_splits.max(1) {
+            let at = split as i64 * p.d_q_accum_split_stride + index * p.head_dim as i64;
+            let accum = p.d_q_accum.offset(at as isize);
+            let mut chunk = lane;
+            while chunk < p.head_dim / 4 {
+                arch::st_global_v4(accum.add(4 * chunk as usize) as *mut u8, [0; 4]);
+                chunk += 32;
+            }
         }
     });
 }
 
-/// `dQ[row] = softmax_scale * accumulator[row]`, rounded to `E`.
+/// `dQ[row] = softmax_scale * accumulator[row]` (the splits' summed in
+/// order), rounded to `E`.
 ///
 /// # Safety
 /// As [`prepare`], after the main kernel.
@@ -84,10 +89,18 @@ pub unsafe fn finish_dq<E: Element>(p: &BackwardParams) {
             return;
         }
         let index = rows.lse_index(f, head, row);
-        let accum = p.d_q_accum.offset((index * p.head_dim as i64 + 8 * lane as i64) as isize);
-        let (lo, hi) = (arch::ld_global_v4(accum as *const u8), arch::ld_global_v4(accum.add(4) as *const u8));
-        let values =
-            [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]].map(|x| f32::from_bits(x) * p.softmax_scale);
+        // The splits' sums in split order (one accumulator without them).
+        let mut sum = [0f32; 8];
+        for split in 0..p.dq_splits.max(1) {
+            let at = split as i64 * p.d_q_accum_split_stride + index * p.head_dim as i64 + 8 * lane as i64;
+            let accum = p.d_q_accum.offset(at as isize);
+            let (lo, hi) = (arch::ld_global_v4(accum as *const u8), arch::ld_global_v4(accum.add(4) as *const u8));
+            for i in 0..4 {
+                sum[i] += f32::from_bits(lo[i]);
+                sum[i + 4] += f32::from_bits(hi[i]);
+            }
+        }
+        let values = sum.map(|x| x * p.softmax_scale);
         let packed = core::array::from_fn(|i| E::pack(values[2 * i], values[2 * i + 1]));
         let d_q = p.d_q.offset(
             (rows.q_offset(p.d_q_batch_stride, p.d_q_row_stride)
