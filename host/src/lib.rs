@@ -133,7 +133,7 @@ mod workspace;
 
 pub use attention::FlashAttention;
 #[cfg(feature = "cust")]
-pub use bindings::cust::Output;
+pub use bindings::cust::{BackwardOutput, Output};
 pub use call::{Problem, MAX_SPLITS};
 #[cfg(feature = "cudarc")]
 pub use cudarc;

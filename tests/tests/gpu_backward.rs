@@ -5,8 +5,8 @@
 //! queries and the reverse, windows, softcap and ALiBi. O and the LSE come
 //! from our forward on the same inputs, as in a training step; dQ, dK and
 //! dV start as NaN. dK and dV (no atomics) must be bit-identical over two
-//! runs, and dQ too in the deterministic mode. Skipped, saying why, without
-//! a GPU.
+//! runs, and dQ too in the deterministic mode; the allocating `backward`
+//! gives the same dK and dV. Skipped, saying why, without a GPU.
 
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::stream::{Stream, StreamFlags};
@@ -154,6 +154,27 @@ fn check_case<T: TestElement>(
     };
     let first = gradients();
     let second = gradients();
+    if case.placement == Placement::Contiguous {
+        // The allocating call: the same dK and dV, bit for bit.
+        let out = attention
+            .backward(
+                tensor(&q_dev, &q),
+                tensor(&k_dev, &k),
+                tensor(&v_dev, &v),
+                tensor(&o_dev, &q),
+                &lse_dev,
+                tensor(&d_o_dev, &d_o),
+                &params,
+                workspace,
+                &stream,
+            )
+            .unwrap_or_else(|e| panic!("{case:?}: backward refused: {e}"));
+        stream.synchronize().unwrap_or_else(|e| panic!("{case:?}: kernel failed: {e}"));
+        for (name, a, b) in [("dK", download(&out.d_k), &first[1]), ("dV", download(&out.d_v), &first[2])] {
+            let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{case:?}: the allocating call's {name} differs");
+        }
+    }
     // dK and dV take no atomics; dQ is summed in a fixed order only in the
     // deterministic mode.
     let same = [("dQ", 0), ("dK", 1), ("dV", 2)].into_iter().filter(|&(_, i)| case.deterministic || i > 0);

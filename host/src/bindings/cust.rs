@@ -14,8 +14,8 @@ use crate::memory::{DeviceView, DeviceViewMut};
 use crate::plan::OutputAddrs;
 use crate::stream::sealed::{LaunchOn, Sealed};
 use crate::stream::StreamOrder;
-use crate::tensor::{Element, Tensor};
-use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, OutputBuffers};
+use crate::tensor::{Element, Gradients, Tensor, TensorMut};
+use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, Layout, OutputBuffers, MAX_SPAN};
 use crate::varlen::SeqOffsets;
 use crate::workspace::Workspace;
 
@@ -78,9 +78,63 @@ pub struct Output<T: Element + DeviceCopy> {
     _context: ContextRef,
 }
 
+/// What [`FlashAttention::backward`] returns.
+pub struct BackwardOutput<T: Element + DeviceCopy> {
+    /// Contiguous: dQ with q's shape, dK and dV with k's.
+    pub d_q: DeviceBuffer<T>,
+    pub d_k: DeviceBuffer<T>,
+    pub d_v: DeviceBuffer<T>,
+    /// The sizes of the problem.
+    pub problem: Problem,
+    /// Keeps the context of the gradients alive until they are freed.
+    _context: ContextRef,
+}
+
 /// The calls that allocate their outputs, as `cust` buffers (in the
 /// kernels' context).
 impl FlashAttention {
+    /// [`backward_into`](Self::backward_into) into freshly allocated
+    /// gradients, contiguous: dQ with q's shape, dK and dV with k's and
+    /// v's. An
+    /// invalid call returns its error before any kernel runs (the
+    /// gradients' buffers, allocated first, are freed).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<'a, T: Element + DeviceCopy>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: Tensor<'_, T>,
+        lse: impl Into<DeviceView<'a, f32>>,
+        d_o: Tensor<'_, T>,
+        params: &AttentionParams,
+        workspace: &mut Workspace,
+        stream: &Stream,
+    ) -> Result<BackwardOutput<T>> {
+        let allocate = |like: &Tensor<'_, T>| {
+            let layout = Layout::contiguous(like.layout.shape);
+            let Some(n) = layout.elements().filter(|&n| n <= MAX_SPAN) else {
+                return Err(Error::TensorTooLarge {
+                    tensor: "a gradient",
+                    shape: layout.shape,
+                    strides: layout.strides,
+                });
+            };
+            // SAFETY: every element is written by the backward before it is
+            // read (the tests poison outputs to check it); on an error the
+            // buffer is freed unread.
+            self.context().with_current(|| unsafe { DeviceBuffer::<T>::uninitialized(n.max(1)) }).map_err(Error::from)
+        };
+        let (mut d_q, mut d_k, mut d_v) = (allocate(&q)?, allocate(&k)?, allocate(&v)?);
+        let gradients = Gradients {
+            d_q: TensorMut::new(&mut d_q, q.layout.shape),
+            d_k: TensorMut::new(&mut d_k, k.layout.shape),
+            d_v: TensorMut::new(&mut d_v, v.layout.shape),
+        };
+        let problem = self.backward_into(q, k, v, o, lse, d_o, gradients, params, workspace, stream)?;
+        Ok(BackwardOutput { d_q, d_k, d_v, problem, _context: self.context().clone() })
+    }
+
     /// Attention of `q` over `k`, `v`, into freshly allocated outputs,
     /// launched on `stream` (the result is ready once the stream is).
     ///
