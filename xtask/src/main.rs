@@ -154,7 +154,28 @@ fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
         .arg(&target_dir))?;
     let ptx_path = target_dir.join(PTX_TARGET).join("ptx/flash_attn_kernels.ptx");
     let ptx = fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))?;
+    let ptx = without_symbol_comments(&ptx);
     module.maxntid.iter().try_fold(ptx, |ptx, &(prefix, threads)| with_maxntid(&ptx, prefix, threads))
+}
+
+/// `ptx` without the comments LLVM puts after some block labels naming the
+/// inlined function they came from (`// %_RNC...`): a Rust symbol, whose
+/// crate hash depends on the checkout's path, so that the same source
+/// compiled in another clone would not match the committed PTX.
+fn without_symbol_comments(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.split_inclusive('\n') {
+        match line.find("// %_R") {
+            Some(at) => {
+                out.push_str(line[..at].trim_end());
+                if line.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
 }
 
 /// `ptx` with `.maxntid threads, 1, 1` between the parameter list and the
@@ -446,6 +467,14 @@ fn package_name(id: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn symbol_comments_are_dropped_and_nothing_else() {
+        let ptx =
+            "$L__BB0_58:                             // %_RNCINvNtCsjCE4_18flash.exit\n\tbar.sync 0;\n// %bb.0:\n";
+        assert_eq!(without_symbol_comments(ptx), "$L__BB0_58:\n\tbar.sync 0;\n// %bb.0:\n");
+        assert_eq!(without_symbol_comments("no comment"), "no comment");
+    }
+
     use super::*;
 
     /// Abridged from a real report: a kernel that calls a closure LLVM did
