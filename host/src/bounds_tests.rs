@@ -3,7 +3,9 @@
 //! overlapping buffers, bad offsets, cache lengths and block tables, scales
 //! and softcaps that overflow), go through every validation entry point:
 //! dense, variable-length and KV cache calls (appending or not, dense or
-//! paged), then the launch plan, as the runtime calls them. Run in a debug
+//! paged), then the launch plan, as the runtime calls them; the dense and
+//! variable-length ones also through the backward's validation and plan,
+//! their gradients placed as q, k and v are. Run in a debug
 //! build, so that an overflow anywhere panics. Whatever is refused must be
 //! refused with an [`Error`], never a panic; whatever is accepted must be in
 //! bounds for every index every kernel of the plan computes, as the bounds
@@ -19,14 +21,17 @@ use proptest::sample::select;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
 use crate::call::Append;
-use crate::plan::{plan, plan_for, KernelArgs, KernelFamily, OutputAddrs, Plan};
+use crate::module::Kernel;
+use crate::plan::{plan, plan_backward, plan_for, BackwardPlan, KernelArgs, KernelFamily, OutputAddrs, Plan};
 use crate::validate::tests_support::device_slice;
 use crate::validate::{validate, AttentionParams, Layout, Placed, MAX_ROW_STRIDE, MAX_SEQLEN};
+use crate::validate::{validate_backward, BackwardTensors};
 use crate::validate::{validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, TableArg};
 use crate::{
     check_block_table_shape, check_cache_seqlens, check_seq_offsets, num_splits_heuristic, offsets_from_lengths, Error,
     MAX_SPLITS,
 };
+use flash_attn_abi::backward::{BackwardParams, BACKWARD_BLOCK_M, BACKWARD_BLOCK_N, ROW_KERNEL_ROWS};
 use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::ForwardParams;
 use flash_attn_abi::params::{COMBINE_COLUMNS, COMBINE_WARPS};
@@ -944,6 +949,10 @@ struct Stats {
     general: usize,
     /// Dense calls the sm_90a planner takes (checked by [`hopper`] too).
     sm90a: usize,
+    /// Calls whose backward was planned and checked ([`backward`]), and of
+    /// them, those in the deterministic mode.
+    backward: usize,
+    deterministic: usize,
     errors: HashMap<String, usize>,
 }
 
@@ -1191,7 +1200,69 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
         Kind::Cache { paged: Some(_), .. } => "paged cache",
     };
     let outputs = OutputAddrs { o: o.addr, lse: lse_addr };
-    Ok(Accepted { plan, sm90a, outputs, problem, buffers, names, pages_per_seq, page_size: shapes[1][1], kind })
+    let backward = match cache {
+        true => None,
+        false => backward_call(call, [q, k, v, o], (lse_addr, lse_len), &params, next, f.wave)?,
+    };
+    Ok(Accepted {
+        plan,
+        sm90a,
+        backward,
+        outputs,
+        problem,
+        buffers,
+        names,
+        pages_per_seq,
+        page_size: shapes[1][1],
+        kind,
+    })
+}
+
+/// The backward of an accepted dense or packed `forward` call over `q`, `k`,
+/// `v` and `o` with `params`: dO and dQ placed as q is, dK and dV as k and
+/// v, from address `next` on (past every buffer of the call), validated and
+/// planned for a GPU of `sm_count` SMs, in the deterministic mode for about
+/// a third of the calls. A call the forward accepted the backward refuses
+/// only for the size of its scratch or its deterministic launches.
+fn backward_call(
+    forward: crate::call::Call,
+    [q, k, v, o]: [&Placed; 4],
+    (lse_addr, lse_len): (u64, usize),
+    params: &AttentionParams,
+    mut next: u64,
+    sm_count: usize,
+) -> Result<Option<(BackwardPlan, Vec<Buffer>)>, Error> {
+    let mut place = |name: &'static str, like: &Placed| {
+        let addr = (next.saturating_add(255) & !255).saturating_add(like.addr % 256);
+        next = addr.saturating_add(2 * like.buffer_len as u64);
+        Placed { name, addr, ..*like }
+    };
+    let (d_o, d_q, d_k, d_v) = (place("d_o", q), place("d_q", q), place("d_k", k), place("d_v", v));
+    let tensors = BackwardTensors { o, lse_addr, lse_len, d_o: &d_o, d_q: &d_q, d_k: &d_k, d_v: &d_v };
+    let deterministic = (sm_count.wrapping_add(forward.problem.seqlen_k)) % 3 == 0;
+    let params = AttentionParams { deterministic, ..*params };
+    let planned =
+        validate_backward(forward, q, k, v, &tensors, &params).and_then(|call| plan_backward(&call, sm_count));
+    let plan = match planned {
+        Ok(plan) => plan,
+        Err(Error::TooLarge { what: "backward scratch bytes" | "deterministic backward launches", .. }) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(Error::ShapeMismatch(format!("the backward refused an accepted forward call: {e}"))),
+    };
+    let buffers = [d_o, d_q, d_k, d_v]
+        .into_iter()
+        .map(|t| Buffer {
+            name: t.name,
+            addr: t.addr,
+            len: t.buffer_len,
+            elem: 2,
+            written: t.name != "d_o",
+            scratch: false,
+            values: vec![],
+        })
+        .collect();
+    Ok(Some((plan, buffers)))
 }
 
 /// A call that validation and the plan accepted, as the runtime would
@@ -1200,6 +1271,9 @@ struct Accepted {
     plan: Plan,
     /// The plan on compute capability 9.0, where it takes an sm_90a kernel.
     sm90a: Option<Plan>,
+    /// The backward of the call (dense or packed), planned, and its
+    /// buffers beside the call's: dO and the gradients.
+    backward: Option<(BackwardPlan, Vec<Buffer>)>,
     /// Where the call's outputs are.
     outputs: OutputAddrs,
     problem: crate::Problem,
@@ -1275,7 +1349,187 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
         hopper(&mut m, plan, call.outputs);
         failures.extend(m.finish().into_iter().map(|f| format!("sm_90a: {f}")));
     }
+    if let Some((plan, gradients)) = &call.backward {
+        stats.backward += 1;
+        stats.deterministic += (plan.args.dq_splits > 0) as usize;
+        let mut m = Model { buffers: call.buffers.iter().chain(gradients).cloned().collect(), ..Model::default() };
+        // Its outputs are the gradients: the forward's o and lse are read.
+        for b in m.buffers.iter_mut().filter(|b| matches!(b.name, "o" | "lse")) {
+            b.written = false;
+        }
+        for (name, offset, len) in [
+            ("delta (scratch)", plan.delta, plan.d_q_accum - plan.delta),
+            ("d_q_accum (scratch)", plan.d_q_accum, plan.scratch_bytes - plan.d_q_accum),
+        ] {
+            let (addr, len) = (SCRATCH + offset as u64, len / 4);
+            m.buffers.push(Buffer { name, addr, len, elem: 4, written: true, scratch: true, values: vec![] });
+        }
+        backward(&mut m, plan, call.kind != "dense");
+        failures.extend(m.finish().into_iter().map(|f| format!("backward: {f}")));
+    }
     (failures, touched)
+}
+
+/// The backward kernels of a plan (`kernels/src/backward`), launched with
+/// the scratch bound: prepare and finish over every query row (dO and o
+/// rows, delta, each split's dQ accumulator, dQ rows), the main kernel
+/// over every key block of every launch (the k, v, dK and dV rows of its
+/// keys, the q and dO rows, LSE, delta and accumulator of its group's
+/// query rows). Every batch where sequences are packed, else the first and
+/// the last.
+fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
+    let launches = plan.launches(SCRATCH);
+    let args = |i: usize| match launches.get(i).map(|l| l.args) {
+        Some(KernelArgs::Backward(a)) => Some(a),
+        _ => None,
+    };
+    let n = launches.len();
+    let kinds: Vec<Kernel> = launches.iter().map(|l| l.kernel).collect();
+    let expected = (n == plan.key_launches as usize + 2)
+        && kinds[0] == Kernel::BackwardPrepare(plan.kernel.dtype)
+        && kinds[n - 1] == Kernel::BackwardFinish(plan.kernel.dtype)
+        && kinds[1..n - 1].iter().all(|&k| k == Kernel::Backward(plan.kernel));
+    m.check(expected, || format!("the backward's launches {kinds:?}"));
+    let Some(a) = args(0) else { return m.check(false, || "the backward's arguments".into()) };
+    let f = a.forward;
+    let c = plan.kernel.config;
+    let (batch, heads, d) = (f.batch as i128, f.heads_q as i128, plan.kernel.head_dim as i128);
+    let (block_m, block_n) = (BACKWARD_BLOCK_M as i128, BACKWARD_BLOCK_N as i128);
+    m.check(a.head_dim as i128 == d && c.head_dim as i128 == d, || format!("head_dim {} for d={d}", a.head_dim));
+    for (name, ptr) in [
+        ("q", f.q as u64),
+        ("k", f.k as u64),
+        ("v", f.v as u64),
+        ("o", f.o as u64),
+        ("lse", f.lse as u64),
+        ("d_o", a.d_o as u64),
+        ("d_q", a.d_q as u64),
+        ("d_k", a.d_k as u64),
+        ("d_v", a.d_v as u64),
+        ("delta (scratch)", a.delta as u64),
+        ("d_q_accum (scratch)", a.d_q_accum as u64),
+    ] {
+        m.pointer(name, ptr, name);
+    }
+    for (ptr, name) in [
+        (f.cu_seqlens_q as u64, "cu_seqlens_q"),
+        (f.cu_seqlens_k as u64, "cu_seqlens_k"),
+        (f.alibi_slopes as u64, "alibi_slopes"),
+    ] {
+        if ptr != 0 {
+            m.pointer(name, ptr, name);
+        }
+    }
+    let untaken = f.seqused_k.is_null() && f.block_table.is_null() && f.num_splits == 1;
+    m.check(untaken, || format!("a backward over a KV cache or split: {f:?}"));
+    // The grids, the same argument block for every launch but the key
+    // block the main kernel starts at, and every key block taken.
+    let splits = a.dq_splits as i128;
+    let key_blocks = round_up(f.seqlen_k as i128, block_n) / block_n;
+    let row_grid = plan.row_grid.map(i128::from);
+    let key_grid = plan.key_grid.map(i128::from);
+    m.check(row_grid == [round_up(f.seqlen_q as i128, 16) / 16, heads, batch], || format!("row grid {row_grid:?}"));
+    let grid_x = if splits > 0 { splits } else { key_blocks };
+    m.check(key_grid == [grid_x, heads / (f.heads_per_kv as i128).max(1), batch], || format!("key grid {key_grid:?}"));
+    for (what, x) in [("row grid x", row_grid[0]), ("key grid x", key_grid[0])] {
+        m.fits(what, x, 1..=GRID_X);
+    }
+    m.fits("grid y", heads, 1..=GRID_YZ);
+    m.fits("grid z", batch, 1..=GRID_YZ);
+    m.fits("heads_per_kv", f.heads_per_kv as i128, 1..=heads);
+    m.check(plan.key_launches as i128 * key_grid[0] >= key_blocks, || "key blocks no launch takes".into());
+    for i in 1..n - 1 {
+        let Some(launch) = args(i) else { return m.check(false, || format!("launch {i}'s arguments")) };
+        let first = launch.first_key_block as i128;
+        m.check(first == (i as i128 - 1) * key_grid[0], || format!("launch {i} starts at key block {first}"));
+        m.fits("a launch's last key block", first + key_grid[0] - 1, U32);
+        let same = BackwardParams { first_key_block: 0, ..launch };
+        m.check(format!("{same:?}") == format!("{a:?}"), || format!("launch {i}'s arguments differ"));
+    }
+    let accum_splits = splits.max(1);
+    let factors = [f.scale_log2, f.softcap_scale, f.softcap_log2, a.softmax_scale];
+    m.check(factors.iter().all(|x| x.is_finite()), || format!("the folded factors {factors:?}"));
+    let batches: Vec<i128> = if per_batch_data { (0..batch).collect() } else { vec![0, batch - 1] };
+    for b in batches {
+        if !m.failures.is_empty() {
+            return;
+        }
+        let (mut sq, mut sk) = (f.seqlen_q as i128, f.seqlen_k as i128);
+        let (mut q_start, mut k_start, mut lse) = (None, None, b * f.lse_batch_stride as i128);
+        if !f.cu_seqlens_q.is_null() {
+            let (start, end) = (m.read("cu_seqlens_q", b), m.read("cu_seqlens_q", b + 1));
+            (q_start, sq) = (Some(start), end - start);
+            lse += start;
+        }
+        if !f.cu_seqlens_k.is_null() {
+            let (start, end) = (m.read("cu_seqlens_k", b), m.read("cu_seqlens_k", b + 1));
+            (k_start, sk) = (Some(start), end - start);
+        }
+        m.fits("a sequence's queries", sq, 0..=f.seqlen_q as i128);
+        m.fits("a sequence's keys", sk, 0..=f.seqlen_k as i128);
+        let (h, kv_h) = (heads - 1, (heads - 1) / (f.heads_per_kv as i128).max(1));
+        let first = |start: Option<i128>, [batch_stride, row_stride]: [i64; 2]| match start {
+            Some(start) => start * row_stride as i128,
+            None => b * batch_stride as i128,
+        };
+        if sq > 0 {
+            for (name, strides) in [
+                ("q", [f.q_batch_stride, f.q_row_stride, f.q_head_stride]),
+                ("o", [f.o_batch_stride, f.o_row_stride, f.o_head_stride]),
+                ("d_o", [a.d_o_batch_stride, a.d_o_row_stride, a.d_o_head_stride]),
+                ("d_q", [a.d_q_batch_stride, a.d_q_row_stride, a.d_q_head_stride]),
+            ] {
+                m.rows(name, first(q_start, [strides[0], strides[1]]), &[(sq - 1, strides[1]), (h, strides[2])], d);
+                if sq > 1 && matches!(name, "q" | "d_o") {
+                    m.fits("q and dO tile row offsets", (sq.min(block_m) - 1) * strides[1] as i128 + d - 1, U32);
+                }
+            }
+            m.touch("lse", lse, &[(h, f.lse_head_stride), (sq - 1, 1)]);
+            m.touch("delta (scratch)", lse, &[(h, f.lse_head_stride), (sq - 1, 1)]);
+            let accum = [
+                (accum_splits - 1, a.d_q_accum_split_stride),
+                (h, f.lse_head_stride * d as i64),
+                (sq - 1, d as i64),
+                (d - 1, 1),
+            ];
+            m.touch("d_q_accum (scratch)", lse * d, &accum);
+            let last = (lse + h * f.lse_head_stride as i128 + sq - 1) * d + d - 1;
+            m.check(splits == 0 || last < a.d_q_accum_split_stride as i128, || {
+                format!("accumulator element {last} of a split past its stride {}", a.d_q_accum_split_stride)
+            });
+            m.fits("the row kernels' last row", round_up(sq, ROW_KERNEL_ROWS as i128) - 1, I32);
+        }
+        if sk > 0 {
+            for (name, strides) in [
+                ("k", [f.k_batch_stride, f.k_row_stride, f.k_head_stride]),
+                ("v", [f.v_batch_stride, f.v_row_stride, f.v_head_stride]),
+                ("d_k", [a.d_k_batch_stride, a.d_k_row_stride, a.d_k_head_stride]),
+                ("d_v", [a.d_v_batch_stride, a.d_v_row_stride, a.d_v_head_stride]),
+            ] {
+                m.rows(name, first(k_start, [strides[0], strides[1]]), &[(sk - 1, strides[1]), (kv_h, strides[2])], d);
+                if sk > 1 {
+                    m.fits("k, v, dK and dV tile row offsets", (sk.min(block_n) - 1) * strides[1] as i128 + d - 1, U32);
+                }
+            }
+        }
+        if !f.alibi_slopes.is_null() && sq > 0 {
+            m.touch("alibi_slopes", b * f.alibi_batch_stride as i128, &[(h, 1)]);
+        }
+        // Positions in i32 (problem.rs, softmax.rs), as in the forward.
+        let (rows_end, keys_end, diagonal) = (round_up(sq.max(1), block_m), round_up(sk.max(1), block_n), sk - sq);
+        m.fits("last row of the last query step", rows_end - 1, I32);
+        m.fits("end of the last key block", keys_end, I32);
+        m.fits("diagonal", diagonal, I32);
+        for (what, low, high) in [
+            ("row + diagonal", diagonal, rows_end - 1 + diagonal),
+            ("key - row", 1 - rows_end, keys_end - 1),
+            ("key - row - diagonal", 1 - rows_end - diagonal, keys_end - 1 - diagonal),
+            ("row + diagonal - key", diagonal + 1 - keys_end, rows_end - 1 + diagonal),
+        ] {
+            m.fits(what, low, I32);
+            m.fits(what, high, I32);
+        }
+    }
 }
 
 /// The sm_90a kernel of a plan (`kernels/src/hopper`), launched with its
@@ -1366,6 +1620,8 @@ fn validation_accepts_only_calls_in_bounds() {
         ("GQA decode", stats.gqa_decode),
         ("general kernels", stats.general),
         ("sm_90a kernels", stats.sm90a),
+        ("backward", stats.backward),
+        ("deterministic backward", stats.deterministic),
     ] {
         assert!(n * 200 >= cases, "{what}: {n} of {cases} cases");
     }

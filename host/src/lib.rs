@@ -173,7 +173,7 @@ pub mod pipeline {
     pub use crate::driver::encode_tensor_map;
     pub use crate::plan::{
         plan, plan_backward, plan_for, BackwardPlan, HopperLaunch, KernelArgs, KernelFamily, Launch, OutputAddrs, Plan,
-        ScratchLayout,
+        ScratchLayout, MAX_DETERMINISTIC_LAUNCHES,
     };
     pub use crate::validate::{
         validate, validate_backward, validate_kvcache, validate_varlen, BackwardTensors, CacheArgs, OffsetsArg,

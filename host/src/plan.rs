@@ -361,6 +361,12 @@ impl Plan {
     }
 }
 
+/// The most launches of the main backward kernel in the deterministic mode
+/// (one per `dq_splits` key blocks, `dq_splits` about twice the SMs over
+/// the key/value heads and batch): a sequence of keys longer than that
+/// many of them is refused, not launched thousands of times.
+pub const MAX_DETERMINISTIC_LAUNCHES: usize = 1024;
+
 /// A planned backward call: its launches on one argument block, less the
 /// scratch address that [`BackwardPlan::launches`] binds.
 #[derive(Clone, Copy, Debug)]
@@ -430,8 +436,19 @@ pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPla
         return Err(Error::ShapeMismatch("the backward reads the forward's o and lse: give them".into()));
     };
     let key_blocks = p.seqlen_k.div_ceil(BACKWARD_BLOCK_N as usize);
-    let dq_splits =
-        if call.deterministic { (2 * sm_count.max(1)).div_ceil(p.heads_kv * p.batch).clamp(1, key_blocks) } else { 0 };
+    let dq_splits = if call.deterministic {
+        sm_count.saturating_mul(2).div_ceil(p.heads_kv * p.batch).clamp(1, key_blocks)
+    } else {
+        0
+    };
+    if dq_splits > 0 && key_blocks.div_ceil(dq_splits) > MAX_DETERMINISTIC_LAUNCHES {
+        let value = key_blocks.div_ceil(dq_splits);
+        return Err(Error::TooLarge {
+            what: "deterministic backward launches",
+            value,
+            max: MAX_DETERMINISTIC_LAUNCHES,
+        });
+    }
     let mut forward = forward_params(f);
     forward.o = o.addr as *mut u16;
     forward.lse = lse as *mut f32;

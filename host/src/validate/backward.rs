@@ -206,6 +206,13 @@ mod tests {
             })
             .collect();
         assert_eq!(first_blocks, [0, 2, 4, 6, 8, 10, 12, 14]);
+        // Past MAX_DETERMINISTIC_LAUNCHES launches: refused.
+        call.forward.problem.seqlen_k = 64 * 2 * crate::plan::MAX_DETERMINISTIC_LAUNCHES + 1;
+        assert!(matches!(
+            plan_backward(&call, 4),
+            Err(Error::TooLarge { what: "deterministic backward launches", value: 1025, max: 1024 })
+        ));
+        call.forward.problem.seqlen_k = 1000;
         call.deterministic = false;
         let plan = plan_backward(&call, 4).unwrap();
         assert_eq!((plan.args.dq_splits, plan.key_grid, plan.key_launches), (0, [16, 2, 2], 1));

@@ -132,9 +132,12 @@ pub struct AttentionParams<'a> {
     pub num_splits: Option<usize>,
     /// Backward only: dQ summed in a fixed order, so that the same inputs
     /// give bitwise the same gradients (dK and dV always are). It takes
-    /// more scratch: one f32 accumulator of dQ per group of key blocks
-    /// that run concurrently, instead of one added to with atomics. The
-    /// forward is deterministic either way and ignores it.
+    /// more scratch, one f32 accumulator of dQ per group of key blocks
+    /// that run concurrently instead of one added to with atomics, and a
+    /// launch per such group: a call that would need more than
+    /// [`MAX_DETERMINISTIC_LAUNCHES`](crate::pipeline::MAX_DETERMINISTIC_LAUNCHES)
+    /// is refused (`Error::TooLarge`). The forward is deterministic either
+    /// way and ignores it.
     pub deterministic: bool,
 }
 
