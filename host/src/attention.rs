@@ -7,8 +7,7 @@
 
 use flash_attn_abi::kernels::AttentionKernel;
 
-use crate::call::{BackwardCall, Call, Problem};
-use crate::driver::CUstream;
+use crate::call::{Call, Problem};
 use crate::error::Result;
 use crate::kvcache::KvCache;
 use crate::launch::{launch, launch_backward};
@@ -19,6 +18,7 @@ use crate::stream::{LaunchStream, StreamOrder};
 use crate::tensor::{Element, Gradients, Tensor, TensorMut};
 use crate::validate::{
     validate, validate_backward, validate_kvcache, validate_varlen, AttentionParams, BackwardTensors, OutputBuffers,
+    Placed,
 };
 use crate::varlen::SeqOffsets;
 use crate::workspace::{Scratch, Workspace};
@@ -37,6 +37,17 @@ use crate::workspace::{Scratch, Workspace};
 /// context; calls on different streams run concurrently.
 pub struct FlashAttention {
     module: KernelModule,
+}
+
+/// The tensors of a backward call beside the LSE: the forward's q, k, v and
+/// o, dO, and the gradients it writes.
+struct BackwardArgs<'t, 'g, T: Element> {
+    q: Tensor<'t, T>,
+    k: Tensor<'t, T>,
+    v: Tensor<'t, T>,
+    o: Tensor<'t, T>,
+    d_o: Tensor<'t, T>,
+    gradients: Gradients<'g, T>,
 }
 
 // One instance serves every thread (above); a change that made it
@@ -282,31 +293,9 @@ impl FlashAttention {
         workspace: &mut Workspace,
         stream: &S,
     ) -> Result<Problem> {
-        let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
-        let lse = lse.into();
-        let Gradients { mut d_q, mut d_k, mut d_v } = gradients;
-        let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
-        let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
-        let tensors = BackwardTensors {
-            o: &o_at,
-            lse_addr: lse.addr,
-            lse_len: lse.len,
-            d_o: &d_o_at,
-            d_q: &d_q_at,
-            d_k: &d_k_at,
-            d_v: &d_v_at,
-        };
-        let forward = validate(T::DTYPE, &q_at, &k_at, &v_at, tensors.forward_outputs(), params)?;
-        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)?;
-        let mut order = StreamOrder::new(stream.launch_on());
-        order.inputs(&q.memory, &k.memory, &v.memory, params)?;
-        order.read("o", &o.memory)?;
-        order.read("lse", &lse)?;
-        order.read("d_o", &d_o.memory)?;
-        order.write("d_q", &mut d_q.memory)?;
-        order.write("d_k", &mut d_k.memory)?;
-        order.write("d_v", &mut d_v.memory)?;
-        self.run_backward(&call, workspace, order.stream)
+        let args = BackwardArgs { q, k, v, o, d_o, gradients };
+        let forward = |q: &_, k: &_, v: &_, outputs: OutputBuffers| validate(T::DTYPE, q, k, v, outputs, params);
+        self.backward_of(forward, args, lse.into(), params, workspace, stream.launch_on())
     }
 
     /// [`backward_into`](Self::backward_into) for the variable-length
@@ -330,9 +319,29 @@ impl FlashAttention {
         workspace: &mut Workspace,
         stream: &S,
     ) -> Result<Problem> {
+        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
+        let args = BackwardArgs { q, k, v, o, d_o, gradients };
+        let forward = |q: &_, k: &_, v: &_, outputs: OutputBuffers| {
+            validate_varlen(T::DTYPE, q, k, v, cu_q, cu_k, outputs, params)
+        };
+        self.backward_of(forward, args, lse.into(), params, workspace, stream.launch_on())
+    }
+
+    /// A backward call: the forward's checks (`forward`, with the forward's
+    /// outputs), the backward's, the memory ordered on the stream, then the
+    /// backward kernels (loaded by the first call), planned and launched
+    /// with the kernels' context current.
+    fn backward_of<'a, T: Element>(
+        &self,
+        forward: impl FnOnce(&Placed, &Placed, &Placed, OutputBuffers) -> Result<Call>,
+        args: BackwardArgs<'_, '_, T>,
+        lse: DeviceView<'a, f32>,
+        params: &AttentionParams,
+        workspace: &mut Workspace,
+        on: crate::stream::sealed::LaunchOn<'_>,
+    ) -> Result<Problem> {
+        let BackwardArgs { q, k, v, o, d_o, gradients: Gradients { mut d_q, mut d_k, mut d_v } } = args;
         let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
-        let lse = lse.into();
-        let Gradients { mut d_q, mut d_k, mut d_v } = gradients;
         let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
         let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
         let tensors = BackwardTensors {
@@ -344,10 +353,9 @@ impl FlashAttention {
             d_k: &d_k_at,
             d_v: &d_v_at,
         };
-        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
-        let forward = validate_varlen(T::DTYPE, &q_at, &k_at, &v_at, cu_q, cu_k, tensors.forward_outputs(), params)?;
+        let forward = forward(&q_at, &k_at, &v_at, tensors.forward_outputs())?;
         let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)?;
-        let mut order = StreamOrder::new(stream.launch_on());
+        let mut order = StreamOrder::new(on);
         order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         order.read("o", &o.memory)?;
         order.read("lse", &lse)?;
@@ -355,16 +363,11 @@ impl FlashAttention {
         order.write("d_q", &mut d_q.memory)?;
         order.write("d_k", &mut d_k.memory)?;
         order.write("d_v", &mut d_v.memory)?;
-        self.run_backward(&call, workspace, order.stream)
-    }
-
-    /// Loads the backward kernels if no call has, plans `call` and launches
-    /// it on `stream` with the kernels' context current.
-    fn run_backward(&self, call: &BackwardCall, workspace: &mut Workspace, stream: CUstream) -> Result<Problem> {
+        let stream = order.stream;
         let context = self.module.context();
         context.with_current(|| {
             context.check_stream(stream)?;
-            let plan = plan_backward(call, self.module.sm_count())?;
+            let plan = plan_backward(&call, self.module.sm_count())?;
             self.module.load_backward()?;
             launch_backward(&self.module, &plan, &mut Scratch::Workspace(workspace), stream)?;
             Ok(call.forward.problem)

@@ -368,20 +368,7 @@ fn attention(m: &mut Model, plan: &Plan, a: ForwardParams, names: Names, per_bat
         }
         // Positions in i32 (problem.rs, softmax.rs): rows and keys up to
         // their blocks' ends, the diagonal, and their differences.
-        let (rows_end, keys_end) = (round_up(sq, block_m), round_up(sk.max(1), block_n));
-        let diagonal = sk - sq;
-        m.fits("last row of the last query block", rows_end - 1, I32);
-        m.fits("end of the last key block", keys_end, I32);
-        m.fits("diagonal", diagonal, I32);
-        for (what, low, high) in [
-            ("row + diagonal", diagonal, rows_end - 1 + diagonal),
-            ("key - row", 1 - rows_end, keys_end - 1),
-            ("key - row - diagonal", 1 - rows_end - diagonal, keys_end - 1 - diagonal),
-            ("row + diagonal - key", diagonal + 1 - keys_end, rows_end - 1 + diagonal),
-        ] {
-            m.fits(what, low, I32);
-            m.fits(what, high, I32);
-        }
+        positions(m, round_up(sq, block_m), round_up(sk.max(1), block_n), sk - sq);
         if splits > 1 {
             m.check(general, || "a split on a dense kernel".into());
             // [split, batch, head, row] over the longest seqlen_q; the part
@@ -411,6 +398,24 @@ fn attention(m: &mut Model, plan: &Plan, a: ForwardParams, names: Names, per_bat
         m.fits("merge blocks", plan.combine_blocks as i128, 1..=GRID_X);
         m.check(warps >= rows * (d / COMBINE_COLUMNS as i128), || format!("{warps} merge warps for {rows} rows"));
         m.check(plan.scratch.o_partial % 16 == 0, || "o_partial not 16-byte aligned".into());
+    }
+}
+
+/// The positions the kernels hold in i32 (problem.rs, softmax.rs) for rows
+/// up to the end of their last block `rows_end`, keys up to `keys_end`,
+/// and the sequence's `diagonal`: each, and their differences.
+fn positions(m: &mut Model, rows_end: i128, keys_end: i128, diagonal: i128) {
+    m.fits("last row of the last query block", rows_end - 1, I32);
+    m.fits("end of the last key block", keys_end, I32);
+    m.fits("diagonal", diagonal, I32);
+    for (what, low, high) in [
+        ("row + diagonal", diagonal, rows_end - 1 + diagonal),
+        ("key - row", 1 - rows_end, keys_end - 1),
+        ("key - row - diagonal", 1 - rows_end - diagonal, keys_end - 1 - diagonal),
+        ("row + diagonal - key", diagonal + 1 - keys_end, rows_end - 1 + diagonal),
+    ] {
+        m.fits(what, low, I32);
+        m.fits(what, high, I32);
     }
 }
 
@@ -1516,19 +1521,7 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
             m.touch("alibi_slopes", b * f.alibi_batch_stride as i128, &[(h, 1)]);
         }
         // Positions in i32 (problem.rs, softmax.rs), as in the forward.
-        let (rows_end, keys_end, diagonal) = (round_up(sq.max(1), block_m), round_up(sk.max(1), block_n), sk - sq);
-        m.fits("last row of the last query step", rows_end - 1, I32);
-        m.fits("end of the last key block", keys_end, I32);
-        m.fits("diagonal", diagonal, I32);
-        for (what, low, high) in [
-            ("row + diagonal", diagonal, rows_end - 1 + diagonal),
-            ("key - row", 1 - rows_end, keys_end - 1),
-            ("key - row - diagonal", 1 - rows_end - diagonal, keys_end - 1 - diagonal),
-            ("row + diagonal - key", diagonal + 1 - keys_end, rows_end - 1 + diagonal),
-        ] {
-            m.fits(what, low, I32);
-            m.fits(what, high, I32);
-        }
+        positions(m, round_up(sq.max(1), block_m), round_up(sk.max(1), block_n), sk - sq);
     }
 }
 

@@ -157,11 +157,8 @@ impl KernelModule {
         for kernel in ATTENTION_KERNELS {
             let config = kernel.config;
             let function = loaded.get_function(kernel.name)?;
-            // Allow more than the default 48 KiB of dynamic shared memory.
             let smem = config.smem_bytes();
-            check("cuFuncSetAttribute", unsafe {
-                (d.func_set_attribute)(function, driver::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as c_int)
-            })?;
+            allow_dynamic_smem(function, smem)?;
             let mut blocks_per_sm: c_int = 0;
             check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
                 (d.occupancy_max_active_blocks)(&mut blocks_per_sm, function, config.threads() as c_int, smem as usize)
@@ -177,13 +174,7 @@ impl KernelModule {
             loaded.hopper = Some((module, Vec::with_capacity(HOPPER_KERNELS.len())));
             for kernel in HOPPER_KERNELS {
                 let function = get_function(module, kernel.name)?;
-                check("cuFuncSetAttribute", unsafe {
-                    (d.func_set_attribute)(
-                        function,
-                        driver::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        kernel.config.smem_bytes() as c_int,
-                    )
-                })?;
+                allow_dynamic_smem(function, kernel.config.smem_bytes())?;
                 if let Some((_, functions)) = &mut loaded.hopper {
                     functions.push(function);
                 }
@@ -213,13 +204,7 @@ impl KernelModule {
             let mut main = Vec::with_capacity(BACKWARD_KERNELS.len());
             for kernel in BACKWARD_KERNELS {
                 let function = get_function(module, kernel.name)?;
-                check("cuFuncSetAttribute", unsafe {
-                    (d.func_set_attribute)(
-                        function,
-                        driver::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        kernel.config.smem_bytes() as c_int,
-                    )
-                })?;
+                allow_dynamic_smem(function, kernel.config.smem_bytes())?;
                 main.push(function);
             }
             let named = |kernel: Kernel| get_function(module, kernel.name());
@@ -341,6 +326,13 @@ impl Drop for KernelModule {
             }
         });
     }
+}
+
+/// Lets `function` launch with `bytes` of dynamic shared memory (more than
+/// the default 48 KiB).
+fn allow_dynamic_smem(function: CUfunction, bytes: u32) -> Result<()> {
+    let attribute = driver::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    check("cuFuncSetAttribute", unsafe { (driver()?.func_set_attribute)(function, attribute, bytes as c_int) })
 }
 
 /// Loads the PTX `ptx` into the current context.

@@ -118,6 +118,12 @@ impl Shape {
     fn heads(&self) -> usize {
         self.heads.unwrap_or(2048 / self.head_dim)
     }
+
+    /// The forward's FLOPs: `4 batch heads seqlen^2 d`, halved for causal.
+    fn forward_flops(&self) -> f64 {
+        4.0 * (self.batch() * self.heads()) as f64 * (self.seqlen * self.seqlen) as f64 * self.head_dim as f64
+            / if self.causal { 2.0 } else { 1.0 }
+    }
 }
 
 /// `n` fresh standard-normal values as `T`, drawn on all CPU cores (each
@@ -159,6 +165,19 @@ struct Measured {
 }
 
 impl Measured {
+    /// The figures of `timing`, calls of `flops` each, with the monitor's
+    /// reading over its timed calls.
+    fn of(timing: &hot::HotTiming, flops: f64, monitor: &Monitor) -> Self {
+        Measured {
+            tflops: flops / (timing.median_ms * 1e-3) / 1e12,
+            mean_tflops: flops / (timing.mean_ms * 1e-3) / 1e12,
+            reading: monitor.mean(timing.window),
+            warm_up_s: timing.warm_up_ms * 1e-3,
+            warm_up_calls: timing.warm_up_calls,
+            lookahead: timing.lookahead,
+        }
+    }
+
     /// `,"<prefix>mhz":..,"<prefix>watts":..` and the timing's other
     /// figures for the JSON rows (null where NVML gave nothing).
     fn json_fields(&self, prefix: &str) -> String {
@@ -226,16 +245,7 @@ fn time_shape<T: TestElement + Send>(
         Ok(())
     };
     let timing = hot::hot_time(&hot::CudaTimeline(&stream), &hot::HOT, reps, &mut run, &mut || monitor.sample_now())?;
-    let flops = 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
-        / if shape.causal { 2.0 } else { 1.0 };
-    Ok(Measured {
-        tflops: flops / (timing.median_ms * 1e-3) / 1e12,
-        mean_tflops: flops / (timing.mean_ms * 1e-3) / 1e12,
-        reading: monitor.mean(timing.window),
-        warm_up_s: timing.warm_up_ms * 1e-3,
-        warm_up_calls: timing.warm_up_calls,
-        lookahead: timing.lookahead,
-    })
+    Ok(Measured::of(&timing, shape.forward_flops(), monitor))
 }
 
 /// The backward of `shape` (dense, `[batch, seqlen, heads, d]`) timed hot
@@ -273,16 +283,7 @@ fn time_backward<T: TestElement + Send>(
         Ok(())
     };
     let timing = hot::hot_time(&hot::CudaTimeline(&stream), &hot::HOT, reps, &mut run, &mut || monitor.sample_now())?;
-    let flops = 2.5 * 4.0 * (batch * heads) as f64 * (shape.seqlen * shape.seqlen) as f64 * shape.head_dim as f64
-        / if shape.causal { 2.0 } else { 1.0 };
-    Ok(Measured {
-        tflops: flops / (timing.median_ms * 1e-3) / 1e12,
-        mean_tflops: flops / (timing.mean_ms * 1e-3) / 1e12,
-        reading: monitor.mean(timing.window),
-        warm_up_s: timing.warm_up_ms * 1e-3,
-        warm_up_calls: timing.warm_up_calls,
-        lookahead: timing.lookahead,
-    })
+    Ok(Measured::of(&timing, 2.5 * shape.forward_flops(), monitor))
 }
 
 /// TFLOP/s of the `mma_ceiling` kernel (`ceiling`) with `blocks_per_sm`
