@@ -95,7 +95,8 @@ impl FlashAttention {
     }
 
     /// Every attention kernel as the driver compiled the PTX for this GPU
-    /// (the sm_90a ones too, where [`Self::uses_sm90a`]), sorted by name. The build checks the PTX with the ptxas it installs
+    /// (the sm_90a ones too, where [`Self::uses_sm90a`], and the main
+    /// backward kernels once a backward call has loaded them), sorted by name. The build checks the PTX with the ptxas it installs
     /// (`cargo xtask build-ptx`); the driver's own compiler, which produces
     /// the code that runs, may be another version and allocate registers
     /// otherwise.

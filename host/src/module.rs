@@ -279,7 +279,8 @@ impl KernelModule {
         self.backward.get().expect("the backward module is loaded")
     }
 
-    /// Every attention kernel as the driver compiled it, sorted by name.
+    /// Every attention kernel as the driver compiled it (the main backward
+    /// kernels too, once a backward call loaded them), sorted by name.
     pub(crate) fn resources(&self) -> Result<Vec<KernelResources>> {
         let attribute = |function: CUfunction, which| {
             let mut value: c_int = 0;
@@ -291,11 +292,16 @@ impl KernelModule {
             Some((_, functions)) => HOPPER_KERNELS.iter().map(|k| k.name).zip(functions).collect(),
             None => Vec::new(),
         };
+        let backward: Vec<(&str, &CUfunction)> = match self.backward.get() {
+            Some(b) => BACKWARD_KERNELS.iter().map(|k| k.name).zip(&b.main).collect(),
+            None => Vec::new(),
+        };
         let mut kernels = ATTENTION_KERNELS
             .iter()
             .map(|k| k.name)
             .zip(self.attention.iter().map(|loaded| &loaded.function))
             .chain(sm90a)
+            .chain(backward)
             .map(|(name, &function)| {
                 Ok(KernelResources {
                     name: name.to_string(),

@@ -85,6 +85,7 @@ fn run<T: TestElement>(test: &str) {
     };
     let mut rng = rand::thread_rng();
     let mut workspace = Workspace::new();
+    let mut ran = 0;
     for kernel in BACKWARD_KERNELS.iter().filter(|k| k.dtype == <T as Element>::DTYPE) {
         for case in cases(kernel.head_dim as usize) {
             let scores = case.batch * case.heads.0 * case.seqlen_q * case.seqlen_k;
@@ -93,8 +94,20 @@ fn run<T: TestElement>(test: &str) {
             }
             check_case::<T>(&attention, &mut workspace, &case, &mut rng);
             println!("{test}: ok {} {case:?}", kernel.name);
+            ran += 1;
         }
     }
+    assert!(ran > 0, "every case was left out of the run");
+    // The main backward kernels as the driver compiled them (loaded by the
+    // calls above): no local memory, as ptxas found them at build time.
+    let kernels = attention.kernel_resources().expect("kernel attributes");
+    let backward: Vec<_> = kernels.iter().filter(|k| k.name.starts_with("flash_bwd_")).collect();
+    assert_eq!(backward.len(), BACKWARD_KERNELS.len(), "one entry per main backward kernel");
+    for k in &backward {
+        println!("{test}: {:<24} {:>4} registers {:>4} B local", k.name, k.registers, k.local_bytes);
+    }
+    let spilling: Vec<_> = backward.iter().filter(|k| k.local_bytes > 0).collect();
+    assert!(spilling.is_empty(), "backward kernels using local memory: {spilling:?}");
 }
 
 fn check_case<T: TestElement>(
