@@ -441,13 +441,11 @@ pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPla
     } else {
         0
     };
-    if dq_splits > 0 && key_blocks.div_ceil(dq_splits) > MAX_DETERMINISTIC_LAUNCHES {
-        let value = key_blocks.div_ceil(dq_splits);
-        return Err(Error::TooLarge {
-            what: "deterministic backward launches",
-            value,
-            max: MAX_DETERMINISTIC_LAUNCHES,
-        });
+    // The main kernel's launches: one, or one per `dq_splits` key blocks.
+    let key_launches = if dq_splits > 0 { key_blocks.div_ceil(dq_splits) } else { 1 };
+    if key_launches > MAX_DETERMINISTIC_LAUNCHES {
+        let (value, max) = (key_launches, MAX_DETERMINISTIC_LAUNCHES);
+        return Err(Error::TooLarge { what: "deterministic backward launches", value, max });
     }
     let mut forward = forward_params(f);
     forward.o = o.addr as *mut u16;
@@ -495,7 +493,7 @@ pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPla
         args,
         row_grid: backward_row_grid(p.seqlen_q as u32, heads_q, batch),
         key_grid: kernel.config.grid(p.seqlen_k as u32, heads_kv, batch, dq_splits as u32),
-        key_launches: if dq_splits > 0 { key_blocks.div_ceil(dq_splits) as u32 } else { 1 },
+        key_launches: key_launches as u32,
         delta: 0,
         d_q_accum: delta_bytes,
         scratch_bytes,
