@@ -105,6 +105,23 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     );
 }
 
+/// `cp.async.ca.shared.global` of 4 bytes. Copies `src_bytes` (0 or 4) bytes
+/// from `src` and fills the rest of the 4 with zeros; with 0 nothing is read.
+///
+/// # Safety
+/// `dst` must be a 4-byte aligned shared address of the block; when
+/// `src_bytes` is 4, `src` must point to 4 readable, 4-byte aligned bytes.
+#[inline(always)]
+pub unsafe fn cp_async_4(dst: u32, src: *const u8, src_bytes: u32) {
+    asm!(
+        "cp.async.ca.shared.global [{dst}], [{src}], 4, {n};",
+        dst = in(reg32) dst,
+        src = in(reg64) src,
+        n = in(reg32) src_bytes,
+        options(nostack)
+    );
+}
+
 /// `cp.async.commit_group`: closes the group of copies issued since the last commit.
 #[inline(always)]
 pub fn cp_async_commit() {
@@ -279,6 +296,21 @@ pub fn unpack_f16x2(x: u32) -> (f32, f32) {
 #[inline(always)]
 pub unsafe fn st_shared_u32(addr: u32, value: u32) {
     asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) value, options(nostack));
+}
+
+/// `st.shared.v2.b32`.
+///
+/// # Safety
+/// `addr` must be an 8-byte aligned shared address of the block.
+#[inline(always)]
+pub unsafe fn st_shared_v2(addr: u32, value: [u32; 2]) {
+    asm!(
+        "st.shared.v2.b32 [{a}], {{{v0}, {v1}}};",
+        a = in(reg32) addr,
+        v0 = in(reg32) value[0],
+        v1 = in(reg32) value[1],
+        options(nostack)
+    );
 }
 
 /// `ld.shared.b32`.

@@ -334,6 +334,64 @@ fn cp_async_copies_or_zero_fills_and_lands_at_wait_group() {
 }
 
 #[test]
+fn cp_async_of_4_bytes_copies_or_zero_fills_one_word() {
+    #[repr(C, align(16))]
+    struct Source([u8; 32]);
+    let source = Source(std::array::from_fn(|i| i as u8 + 1));
+    let regions = [GlobalRegion::read_only("source", &source.0)];
+    // Words 0..8 start as 0xffffffff; even threads copy their word, odd
+    // ones zero-fill it without reading, and a second group stays pending
+    // until its own wait.
+    let got = run_block(8, 64, &regions, |tid| unsafe {
+        let base = arch::dynamic_smem_base();
+        arch::st_shared_u32(base + 4 * tid, u32::MAX);
+        arch::sync_threads();
+        let (src, bytes) =
+            if tid % 2 == 0 { (source.0.as_ptr().add(4 * tid as usize), 4) } else { (std::ptr::null(), 0) };
+        arch::cp_async_4(base + 4 * tid, src, bytes);
+        arch::cp_async_commit();
+        arch::cp_async_wait::<0>();
+        arch::sync_threads();
+        let other = arch::ld_shared_u32(base + 4 * ((tid + 1) % 8));
+        arch::sync_threads();
+        other
+    })
+    .unwrap();
+    for (tid, words) in got.iter().enumerate() {
+        let from = (tid + 1) % 8;
+        let expected =
+            if from % 2 == 0 { u32::from_le_bytes(std::array::from_fn(|b| source.0[4 * from + b])) } else { 0 };
+        assert_eq!(*words, expected, "thread {tid} reads word {from}");
+    }
+    let misaligned = run_block(1, 64, &regions, |_| unsafe {
+        arch::cp_async_4(arch::dynamic_smem_base() + 2, source.0.as_ptr(), 4);
+        arch::cp_async_commit();
+        arch::cp_async_wait::<0>();
+        0u32
+    });
+    assert!(misaligned.is_err(), "a 4-byte cp.async to a 2-byte aligned address must fault");
+}
+
+#[test]
+fn st_shared_v2_writes_two_words_in_order_and_needs_8_byte_alignment() {
+    let got = run_block(32, 256, &[], |tid| unsafe {
+        let base = arch::dynamic_smem_base();
+        arch::st_shared_v2(base + 8 * tid, [2 * tid, 2 * tid + 1]);
+        arch::sync_threads();
+        arch::ld_shared_u32(base + 4 * ((tid * 7 + 3) % 64))
+    })
+    .unwrap();
+    for (tid, word) in got.iter().enumerate() {
+        assert_eq!(*word, ((tid * 7 + 3) % 64) as u32, "thread {tid}");
+    }
+    let misaligned = run_block(1, 64, &[], |_| unsafe {
+        arch::st_shared_v2(arch::dynamic_smem_base() + 4, [1, 2]);
+        0u32
+    });
+    assert!(misaligned.is_err(), "an 8-byte store to a 4-byte aligned address must fault");
+}
+
+#[test]
 fn sync_threads_publishes_shared_stores_to_the_block() {
     let got = run_block(128, 512, &[], |tid| unsafe {
         arch::st_shared_u32(arch::dynamic_smem_base() + 4 * tid, tid * 10);

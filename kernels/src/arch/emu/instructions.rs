@@ -94,31 +94,48 @@ pub fn sync_warp() {
 /// `src_bytes` is 16, `src` must point to 16 readable, 16-byte aligned bytes.
 #[track_caller]
 pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
+    unsafe { cp_async("cp.async.cg.shared.global", 16, dst, src, src_bytes) }
+}
+
+/// `cp.async.ca.shared.global` of 4 bytes. Copies `src_bytes` (0 or 4) bytes
+/// from `src` and fills the rest of the 4 with zeros; with 0 nothing is read.
+///
+/// # Safety
+/// `dst` must be a 4-byte aligned shared address of the block; when
+/// `src_bytes` is 4, `src` must point to 4 readable, 4-byte aligned bytes.
+#[track_caller]
+pub unsafe fn cp_async_4(dst: u32, src: *const u8, src_bytes: u32) {
+    unsafe { cp_async("cp.async.ca.shared.global", 4, dst, src, src_bytes) }
+}
+
+/// A `cp.async` of `size` bytes (`src_bytes` of them read, the rest zeros),
+/// pending until a `wait_group` covers it.
+#[track_caller]
+unsafe fn cp_async(instruction: &'static str, size: u32, dst: u32, src: *const u8, src_bytes: u32) {
     let site = Location::caller();
     context::with(|t| {
-        const INSTRUCTION: &str = "cp.async.cg.shared.global";
-        if src_bytes > 16 {
-            let message = format!("{INSTRUCTION} at {site}: source size {src_bytes} exceeds the copy size 16");
+        if src_bytes > size {
+            let message = format!("{instruction} at {site}: source size {src_bytes} exceeds the copy size {size}");
             t.block.fail(Fault::new(FaultKind::InvalidOperand, Some(t.tid), message));
         }
         let mut data = [0u8; 16];
         if src_bytes > 0 {
             let access = Access {
-                instruction: INSTRUCTION,
+                instruction,
                 site,
                 thread: t.tid,
                 addr: src as usize,
                 len: src_bytes as usize,
-                align: 16,
+                align: size as usize,
                 write: false,
             };
             t.ok(t.block.global.check(&access));
             // SAFETY: inside a registered allocation (checked above).
             unsafe { std::ptr::copy_nonoverlapping(src, data.as_mut_ptr(), src_bytes as usize) };
         }
-        let req = Request { who: lane(t), instruction: INSTRUCTION, site, addr: dst, len: 16 };
+        let req = Request { who: lane(t), instruction, site, addr: dst, len: size };
         t.ok(t.block.smem.start_copy(&req, false));
-        t.copies.borrow_mut().issue(PendingCopy { dst, data, site });
+        t.copies.borrow_mut().issue(PendingCopy { dst, data, len: size, site });
     })
 }
 
@@ -267,6 +284,20 @@ pub unsafe fn st_shared_u32(addr: u32, value: u32) {
     context::with(|t| {
         let req = Request { who: lane(t), instruction: "st.shared.b32", site, addr, len: 4 };
         t.ok(t.block.smem.write(&req, &value.to_le_bytes()));
+    })
+}
+
+/// `st.shared.v2.b32`.
+///
+/// # Safety
+/// `addr` must be an 8-byte aligned shared address of the block.
+#[track_caller]
+pub unsafe fn st_shared_v2(addr: u32, value: [u32; 2]) {
+    let site = Location::caller();
+    context::with(|t| {
+        let req = Request { who: lane(t), instruction: "st.shared.v2.b32", site, addr, len: 8 };
+        let bytes: [u8; 8] = std::array::from_fn(|i| value[i / 4].to_le_bytes()[i % 4]);
+        t.ok(t.block.smem.write(&req, &bytes));
     })
 }
 
@@ -753,7 +784,7 @@ fn tma_load(dst: u32, map: *const TensorMap, coords: &[i32], bar: u32, site: Sit
         for (addr, data) in chunks {
             let req = Request { who: lane(t), instruction: INSTRUCTION, site, addr, len: 16 };
             t.ok(t.block.smem.start_copy(&req, true));
-            copies.push((t.tid, PendingCopy { dst: addr, data, site }));
+            copies.push((t.tid, PendingCopy { dst: addr, data, len: 16, site }));
         }
         let update = MbarrierUpdate { complete_tx: params.box_bytes(), copies, ..Default::default() };
         let update = t.block.sync.mbarrier_update(t.tid, bar, (INSTRUCTION, site), update, land_phase(t, bar));

@@ -41,10 +41,12 @@ pub(crate) const BASE: u32 = 0x400;
 type Site = &'static Location<'static>;
 
 /// A `cp.async` (or 16 bytes of a TMA box) whose bytes have not landed:
-/// the source was read when it was issued.
+/// the source was read when it was issued. `len` (4 or 16) bytes of `data`
+/// land at `dst`.
 pub(crate) struct PendingCopy {
     pub dst: u32,
     pub data: [u8; 16],
+    pub len: u32,
     pub site: Site,
 }
 
@@ -470,7 +472,7 @@ impl SharedMemory {
     /// into `req.addr`: from now until [`Self::land`] its words are in flight.
     pub fn start_copy(&self, req: &Request, tma: bool) -> Result<(), Fault> {
         let mut inner = self.lock();
-        for w in self.check_write(&inner, req, 16)? {
+        for w in self.check_write(&inner, req, req.len)? {
             inner.words[w].in_flight = Some(InFlight { thread: req.who.thread, site: req.site, tma });
         }
         Ok(())
@@ -489,10 +491,10 @@ impl SharedMemory {
         let instruction = if tma { "cp.async.bulk.tensor" } else { "cp.async" };
         for copy in copies {
             let who = Accessor { thread, collective: false };
-            let req = Request { who, instruction, site: copy.site, addr: copy.dst, len: 16 };
+            let req = Request { who, instruction, site: copy.site, addr: copy.dst, len: copy.len };
             let access = inner.access(&req);
             let first = ((copy.dst - BASE) / 4) as usize;
-            for word in &mut inner.words[first..first + 4] {
+            for word in &mut inner.words[first..first + copy.len as usize / 4] {
                 let wgmma_reader = word.wgmma_reader;
                 *word = Word {
                     write: Some(access),
@@ -503,8 +505,8 @@ impl SharedMemory {
                     wgmma_reader,
                 };
             }
-            let start = (copy.dst - BASE) as usize;
-            inner.bytes[start..start + 16].copy_from_slice(&copy.data);
+            let (start, len) = ((copy.dst - BASE) as usize, copy.len as usize);
+            inner.bytes[start..start + len].copy_from_slice(&copy.data[..len]);
         }
     }
 
