@@ -97,27 +97,49 @@ pub struct BackwardConfig {
     /// part `w / 4` of the keys (scores, contiguous) or of the head dim
     /// (gradients: every `warps / 4`-th 16-column slice from slice `w / 4`).
     pub warps: u32,
+    /// 2: the next query step's Q, dO, LSE and delta load while this one
+    /// computes; 1 where two stages do not fit (d >= 160): each step's load
+    /// waits.
+    pub stages: u32,
 }
 
 /// Byte offsets of the shared-memory regions of the main kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackwardSmem {
-    /// The query step's Q and dO: [`BACKWARD_BLOCK_M`] rows each.
+    /// A query step's Q and dO ([`BACKWARD_BLOCK_M`] rows each), and its
+    /// rows' LSE and delta (f32 each), in stage 0; stage `s` of each is
+    /// `s * stage` bytes further.
     pub q: u32,
     pub d_o: u32,
+    pub lse: u32,
+    pub delta: u32,
+    pub stage: u32,
     /// The block's K and V: [`BACKWARD_BLOCK_N`] rows each.
     pub k: u32,
     pub v: u32,
     /// The step's P and dS, rounded: `BLOCK_M x BLOCK_N` each.
     pub p: u32,
     pub d_s: u32,
-    /// The step's LSE (log2, scaled) and delta per row, f32.
-    pub lse: u32,
-    pub delta: u32,
+    /// Each warp's dQ of a pass, f32, 16 rows of [`BackwardConfig::dq_pitch`]
+    /// words: written as mma fragments, read back as whole 32-byte runs of
+    /// a row, so that each atomic add to the accumulator covers whole
+    /// sectors.
+    pub d_q: u32,
     pub end: u32,
 }
 
 impl BackwardConfig {
+    /// The config of `head_dim` with `warps`, and two stages where they fit
+    /// in [`MAX_BACKWARD_SMEM`] (one above).
+    const fn with_stages(head_dim: u32, warps: u32) -> BackwardConfig {
+        let two = BackwardConfig { head_dim, warps, stages: 2 };
+        if two.smem_bytes() <= MAX_BACKWARD_SMEM {
+            two
+        } else {
+            BackwardConfig { head_dim, warps, stages: 1 }
+        }
+    }
+
     pub const fn threads(&self) -> u32 {
         self.warps * 32
     }
@@ -128,17 +150,49 @@ impl BackwardConfig {
         self.warps / 4
     }
 
+    /// A warp's 8-column tiles of a gradient row (dK, dV, dQ).
+    pub const fn grad_tiles(&self) -> u32 {
+        self.head_dim / self.column_groups() / 8
+    }
+
+    /// The column tiles of each pass of `dQ = dS K`: all at once up to 8
+    /// (d <= 128); above, passes of 4 (d = 192) or 2, each with its own
+    /// accumulators, added to the f32 accumulator before the next pass. A
+    /// warp's whole row of dQ (up to 64 registers at d = 256) beside dK and
+    /// dV spills.
+    pub const fn dq_tiles(&self) -> u32 {
+        let tiles = self.grad_tiles();
+        if tiles <= 8 {
+            tiles
+        } else if tiles.is_multiple_of(4) && tiles < 16 {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// Words per row of a warp's dQ staging: the pass's columns and 8 more.
+    /// With an even number of tiles that is 8 or 24 words past a multiple of
+    /// 32 banks, so that the fragments' 8-byte stores (8 rows of 8 words per
+    /// tile) and the 4-row reads of 8 words each are free of bank conflicts.
+    pub const fn dq_pitch(&self) -> u32 {
+        8 * self.dq_tiles() + 8
+    }
+
     pub const fn layout(&self) -> BackwardSmem {
         let row = smem_row_bytes(self.head_dim);
         let q = 0;
         let d_o = q + BACKWARD_BLOCK_M * row;
-        let k = d_o + BACKWARD_BLOCK_M * row;
+        let lse = d_o + BACKWARD_BLOCK_M * row;
+        let delta = lse + BACKWARD_BLOCK_M * 4;
+        let stage = delta + BACKWARD_BLOCK_M * 4;
+        let k = self.stages * stage;
         let v = k + BACKWARD_BLOCK_N * row;
         let p = v + BACKWARD_BLOCK_N * row;
         let d_s = p + BACKWARD_BLOCK_M * smem_row_bytes(BACKWARD_BLOCK_N);
-        let lse = d_s + BACKWARD_BLOCK_M * smem_row_bytes(BACKWARD_BLOCK_N);
-        let delta = lse + BACKWARD_BLOCK_M * 4;
-        BackwardSmem { q, d_o, k, v, p, d_s, lse, delta, end: delta + BACKWARD_BLOCK_M * 4 }
+        let d_q = d_s + BACKWARD_BLOCK_M * smem_row_bytes(BACKWARD_BLOCK_N);
+        let end = d_q + self.warps * 16 * self.dq_pitch() * 4;
+        BackwardSmem { q, d_o, lse, delta, stage, k, v, p, d_s, d_q, end }
     }
 
     pub const fn smem_bytes(&self) -> u32 {
@@ -166,8 +220,8 @@ pub const fn row_grid(seqlen_q: u32, heads_q: u32, batch: u32) -> [u32; 3] {
 /// in passes of a few column tiles; docs/backward.md).
 pub const fn backward_config(head_dim: u32) -> Option<BackwardConfig> {
     match head_dim {
-        32 => Some(BackwardConfig { head_dim, warps: 4 }),
-        64 | 96 | 128 | 160 | 192 | 224 | 256 => Some(BackwardConfig { head_dim, warps: 8 }),
+        32 => Some(BackwardConfig::with_stages(head_dim, 4)),
+        64 | 96 | 128 | 160 | 192 | 224 | 256 => Some(BackwardConfig::with_stages(head_dim, 8)),
         _ => None,
     }
 }
@@ -242,6 +296,8 @@ const _: () = {
         let c = BACKWARD_KERNELS[i].config;
         assert!(c.head_dim == BACKWARD_KERNELS[i].head_dim && c.head_dim.is_multiple_of(32));
         assert!(c.warps == 4 || c.warps == 8);
+        assert!(c.stages == 1 || c.stages == 2);
+        assert!(c.dq_tiles().is_multiple_of(2) && c.grad_tiles().is_multiple_of(c.dq_tiles()));
         // Each warp's part of the head dim and of a score row is whole
         // 16-column slices (pairs of 8-column tiles, one ldmatrix.x4 each).
         assert!((c.head_dim / c.column_groups()).is_multiple_of(16));
@@ -271,9 +327,23 @@ mod tests {
     }
 
     #[test]
-    fn d128_layout_is_q_do_k_v_then_p_and_ds() {
+    fn d128_layout_is_two_stages_of_q_do_lse_delta_then_k_v_p_ds() {
         let l = backward_config_of(128).layout();
-        assert_eq!((l.q, l.d_o, l.k, l.v, l.p), (0, 16384, 32768, 49152, 65536));
-        assert_eq!(l.end, 65536 + 2 * 8192 + 512);
+        assert_eq!((l.q, l.d_o, l.lse, l.delta, l.stage), (0, 16384, 32768, 33024, 33280));
+        assert_eq!((l.k, l.v, l.p, l.d_s, l.d_q), (66560, 82944, 99328, 107520, 115712));
+        assert_eq!(l.end, 115712 + 8 * 16 * 72 * 4);
+    }
+
+    #[test]
+    fn two_stages_wherever_they_fit_in_sm80_shared_memory() {
+        for k in BACKWARD_KERNELS {
+            let two = BackwardConfig { stages: 2, ..k.config };
+            let expected = if two.smem_bytes() <= MAX_BACKWARD_SMEM { 2 } else { 1 };
+            assert_eq!(k.config.stages, expected, "d = {}", k.head_dim);
+        }
+        let stages = |d| backward_config_of(d).stages;
+        assert_eq!([32, 64, 96, 128, 160, 192, 224, 256].map(stages), [2, 2, 2, 2, 1, 1, 1, 1]);
+        let dq_tiles = |d| backward_config_of(d).dq_tiles();
+        assert_eq!([32, 64, 96, 128, 160, 192, 224, 256].map(dq_tiles), [4, 4, 6, 8, 2, 4, 2, 2]);
     }
 }

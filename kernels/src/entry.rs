@@ -20,7 +20,7 @@ use flash_attn_abi::backward::{backward_config_of, BackwardConfig, BackwardKerne
 use flash_attn_abi::hopper::{hopper_config_of, HopperConfig, HopperKernel, HopperParams};
 use flash_attn_abi::kernels::{config_of, AttentionKernel, Dtype, Variant};
 
-use crate::backward::key_block::{backward_key_block, dq_tiles};
+use crate::backward::key_block::backward_key_block;
 use crate::config::TileConfig;
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
@@ -250,8 +250,8 @@ macro_rules! backward_entry_points {
             { C.head_dim as usize / 16 },
             { C.warps as usize },
             { (BACKWARD_BLOCK_N / C.column_groups() / 8) as usize },
-            { (C.head_dim / C.column_groups() / 8) as usize },
-            { dq_tiles((C.head_dim / C.column_groups() / 8) as usize) },
+            { C.grad_tiles() as usize },
+            { C.dq_tiles() as usize },
         >($params)
     }};
 }

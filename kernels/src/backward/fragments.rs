@@ -36,6 +36,13 @@ impl<const W: usize> RowsAsA<W> {
     pub unsafe fn load(self, k: u32) -> [u32; 4] {
         arch::ldmatrix_x4(SmemTile::<W>::chunks_across(self.addr, 2 * k, true))
     }
+
+    /// The same operand of a tile `bytes` further on (a multiple of 128,
+    /// the swizzle's period: another pipeline stage's).
+    #[inline(always)]
+    pub fn moved(self, bytes: u32) -> Self {
+        Self { addr: self.addr + bytes }
+    }
 }
 
 /// A fragments of the transpose of a tile: its columns `first_col..+16` as
@@ -111,6 +118,13 @@ impl<const W: usize> ColumnsAsB<W> {
     pub unsafe fn load(self, k: u32, slice: u32) -> [u32; 4] {
         let addr = SmemTile::<W>::chunks_across(self.addr, 2 * self.parts * slice, true);
         arch::ldmatrix_x4_trans(addr + 16 * k * SmemTile::<W>::ROW_BYTES)
+    }
+
+    /// The same operand of a tile `bytes` further on (a multiple of 128,
+    /// the swizzle's period: another pipeline stage's).
+    #[inline(always)]
+    pub fn moved(self, bytes: u32) -> Self {
+        Self { addr: self.addr + bytes, ..self }
     }
 }
 

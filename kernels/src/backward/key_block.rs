@@ -43,27 +43,13 @@ const WARP_ROWS: u32 = 16;
 /// Row groups of a step (and key groups of the block).
 const ROW_GROUPS: u32 = BACKWARD_BLOCK_M / WARP_ROWS;
 
-/// The column tiles of each pass of `dQ = dS K` for a warp's `grad_tiles`:
-/// all at once up to 8 (d <= 128); above, passes of 4 or 2 (a divisor), each
-/// with its own accumulators, added to the f32 accumulator before the next
-/// pass. A warp's whole row of dQ (up to 64 registers at d = 256) beside dK
-/// and dV spills.
-pub const fn dq_tiles(grad_tiles: usize) -> usize {
-    if grad_tiles <= 8 {
-        grad_tiles
-    } else if grad_tiles.is_multiple_of(4) {
-        4
-    } else {
-        2
-    }
-}
-
 /// The kernel body of the instance of `HEAD_DIM` and `E`. The const generics
 /// are the array sizes Rust cannot derive in a generic context, asserted
 /// against the config: `HEAD_DIM_16 = HEAD_DIM / 16`, `WARPS` (the
 /// config's), `SCORE_TILES = BLOCK_N / (WARPS / 4) / 8` (a warp's 8-key
 /// tiles of a score row), `GRAD_TILES = HEAD_DIM / (WARPS / 4) / 8` (its
-/// 8-column tiles of a gradient row) and `DQ_TILES = dq_tiles(GRAD_TILES)`.
+/// 8-column tiles of a gradient row) and `DQ_TILES` (the config's
+/// `dq_tiles`).
 ///
 /// # Safety
 /// `params` must describe tensors the host validated for this instance; the
@@ -88,7 +74,7 @@ pub unsafe fn backward_key_block<
         assert!(WARPS == c.warps as usize && HEAD_DIM_16 * 16 == HEAD_DIM);
         assert!(SCORE_TILES * 8 * groups == BACKWARD_BLOCK_N as usize);
         assert!(GRAD_TILES * 8 * groups == HEAD_DIM);
-        assert!(DQ_TILES == dq_tiles(GRAD_TILES) && GRAD_TILES.is_multiple_of(DQ_TILES));
+        assert!(GRAD_TILES == c.grad_tiles() as usize && DQ_TILES == c.dq_tiles() as usize);
     }
     let f = &params.forward;
     let tid = arch::thread_idx_x();
@@ -123,7 +109,9 @@ pub unsafe fn backward_key_block<
     };
     let (row_begin, row_end) = visibility.rows_seeing_keys(first_key, first_key + keys_in_block - 1, rows.seqlen_q);
 
-    // Shared memory (the config's layout).
+    // Shared memory (the config's layout): Q, dO, LSE and delta of a step
+    // in each of `stages` stages, `layout.stage` bytes apart.
+    let stages = const { backward_config_of(HEAD_DIM as u32).stages };
     let smem = arch::dynamic_smem_base();
     let layout = config.layout();
     let q_tile = SmemTile::<HEAD_DIM>::at(smem + layout.q);
@@ -132,7 +120,13 @@ pub unsafe fn backward_key_block<
     let v_tile = SmemTile::<HEAD_DIM>::at(smem + layout.v);
     let p_tile = SmemTile::<{ BACKWARD_BLOCK_N as usize }>::at(smem + layout.p);
     let d_s_tile = SmemTile::<{ BACKWARD_BLOCK_N as usize }>::at(smem + layout.d_s);
+    // LSE and delta are one run of 2 BLOCK_M f32 per stage, a thread's word each.
+    const {
+        let c = backward_config_of(HEAD_DIM as u32);
+        assert!(c.layout().delta == c.layout().lse + 4 * BACKWARD_BLOCK_M && c.threads() >= 2 * BACKWARD_BLOCK_M);
+    }
     let (lse_smem, delta_smem) = (smem + layout.lse, smem + layout.delta);
+    let d_q_smem = smem + layout.d_q;
 
     // K and V of the block, once.
     let key_offset = |batch_stride: i64, row_stride: i64, head_stride: i64| {
@@ -143,9 +137,49 @@ pub unsafe fn backward_key_block<
     let block_n = BACKWARD_BLOCK_N;
     load_tile_async::<HEAD_DIM>(k_tile, block_n, k, f.k_row_stride as u32, keys_in_block, tid, threads, false);
     load_tile_async::<HEAD_DIM>(v_tile, block_n, v, f.v_row_stride as u32, keys_in_block, tid, threads, false);
-    arch::cp_async_commit();
 
-    // The operands, each a lane address.
+    // The query steps: rows `first_step_row..row_end` in steps of BLOCK_M,
+    // for each query head of the group in turn. `load_step` issues the
+    // copies of a step's Q, dO, LSE and delta into a stage (rows past the
+    // sequence zero-filled); the caller commits them.
+    let first_step_row = row_begin / BACKWARD_BLOCK_M * BACKWARD_BLOCK_M;
+    let first_head = kv_head * f.heads_per_kv;
+    let last_head = first_head + f.heads_per_kv - 1;
+    let load_step = |head: u32, first_row: u32, stage: u32| {
+        let rows_in_step = (rows.seqlen_q - first_row).min(BACKWARD_BLOCK_M);
+        let step_rows = |batch_stride: i64, row_stride: i64, head_stride: i64| {
+            (rows.q_offset(batch_stride, row_stride) + row_offset(first_row, head, row_stride, head_stride)) as isize
+        };
+        let q = f.q.offset(step_rows(f.q_batch_stride, f.q_row_stride, f.q_head_stride));
+        let d_o = params.d_o.offset(step_rows(params.d_o_batch_stride, params.d_o_row_stride, params.d_o_head_stride));
+        let (block_m, stage_bytes) = (BACKWARD_BLOCK_M, stage * layout.stage);
+        // %tid.x read here again: the copies' offsets from it are then
+        // recomputed each step rather than held through the loop (a
+        // register each per copy pass, spilled at d = 160-224).
+        let tid = arch::thread_idx_x_here();
+        let q_to = SmemTile::<HEAD_DIM>::at(smem + layout.q + stage_bytes);
+        let d_o_to = SmemTile::<HEAD_DIM>::at(smem + layout.d_o + stage_bytes);
+        load_tile_async::<HEAD_DIM>(q_to, block_m, q, f.q_row_stride as u32, rows_in_step, tid, threads, false);
+        let d_o_stride = params.d_o_row_stride as u32;
+        load_tile_async::<HEAD_DIM>(d_o_to, block_m, d_o, d_o_stride, rows_in_step, tid, threads, false);
+        // Threads 0..BLOCK_M copy the rows' LSE, the next BLOCK_M their delta.
+        if tid < 2 * BACKWARD_BLOCK_M {
+            let row = tid % BACKWARD_BLOCK_M;
+            let from = if tid < BACKWARD_BLOCK_M { f.lse } else { params.delta as *const f32 };
+            let (src, bytes) = if row < rows_in_step {
+                (from.offset(rows.lse_index(f, head, first_row + row) as isize), 4)
+            } else {
+                (from, 0)
+            };
+            arch::cp_async_4(lse_smem + stage_bytes + 4 * tid, src as *const u8, bytes);
+        }
+    };
+    if first_step_row < row_end {
+        load_step(first_head, first_step_row, 0);
+    }
+    arch::cp_async_commit(); // K, V and the first step
+
+    // The operands, each a lane address (Q's and dO's in stage 0).
     let WarpPlace { lane, row: score_row, key: score_key, column_group } = WarpPlace::of::<WARPS>(tid);
     let (grad_row, groups) = (score_row, (WARPS / 4) as u32);
     let (q_rows, d_o_rows) = (RowsAsA::new(q_tile, score_row, lane), RowsAsA::new(d_o_tile, score_row, lane));
@@ -160,65 +194,50 @@ pub unsafe fn backward_key_block<
     let mut d_v = [[0f32; 4]; GRAD_TILES];
 
     let softcap = f.softcap_scale != 0.0;
-    let first_head = kv_head * f.heads_per_kv;
-    for head in first_head..first_head + f.heads_per_kv {
+    let mut stage = 0;
+    for head in first_head..=last_head {
         let alibi_slope_log2 = if f.alibi_slopes.is_null() {
             0.0
         } else {
             let slope = f.alibi_slopes.offset((batch as i64 * f.alibi_batch_stride + head as i64) as isize);
             arch::ld_global_f32(slope) * core::f32::consts::LOG2_E
         };
-        let mut first_row = row_begin / BACKWARD_BLOCK_M * BACKWARD_BLOCK_M;
+        let mut first_row = first_step_row;
         while first_row < row_end {
             let rows_in_step = (rows.seqlen_q - first_row).min(BACKWARD_BLOCK_M);
             let last_row = first_row + rows_in_step - 1;
-            // Q, dO, and each row's LSE (log2; +inf for rows that see no key
-            // or do not exist, so that P = 0) and delta.
-            let step_rows = |batch_stride: i64, row_stride: i64, head_stride: i64| {
-                (rows.q_offset(batch_stride, row_stride) + row_offset(first_row, head, row_stride, head_stride))
-                    as isize
-            };
-            let q = f.q.offset(step_rows(f.q_batch_stride, f.q_row_stride, f.q_head_stride));
-            let d_o =
-                params.d_o.offset(step_rows(params.d_o_batch_stride, params.d_o_row_stride, params.d_o_head_stride));
-            let block_m = BACKWARD_BLOCK_M;
-            // %tid.x read here again: the copies' offsets from it are then
-            // recomputed each step rather than held through the loop (a
-            // register each per copy pass, spilled at d = 160-224).
-            let tid = arch::thread_idx_x_here();
-            load_tile_async::<HEAD_DIM>(q_tile, block_m, q, f.q_row_stride as u32, rows_in_step, tid, threads, false);
-            load_tile_async::<HEAD_DIM>(
-                d_o_tile,
-                block_m,
-                d_o,
-                params.d_o_row_stride as u32,
-                rows_in_step,
-                tid,
-                threads,
-                false,
-            );
-            arch::cp_async_commit();
-            if tid < BACKWARD_BLOCK_M {
-                let (mut lse_log2, mut delta) = (f32::INFINITY, 0.0);
-                if tid < rows_in_step {
-                    let index = rows.lse_index(f, head, first_row + tid) as isize;
-                    let lse = arch::ld_global_f32(f.lse.offset(index));
-                    if lse != f32::NEG_INFINITY {
-                        lse_log2 = lse * core::f32::consts::LOG2_E;
-                    }
-                    delta = arch::ld_global_f32(params.delta.offset(index));
+            // The next step, into the other stage while this one computes
+            // (with one stage, after it; worked out there, not held through
+            // the step).
+            let next = || {
+                if first_row + BACKWARD_BLOCK_M < row_end {
+                    Some((head, first_row + BACKWARD_BLOCK_M))
+                } else if head < last_head {
+                    Some((head + 1, first_step_row))
+                } else {
+                    None
                 }
-                arch::st_shared_u32(lse_smem + 4 * tid, lse_log2.to_bits());
-                arch::st_shared_u32(delta_smem + 4 * tid, delta.to_bits());
+            };
+            if stages == 2 {
+                if let Some((next_head, next_row)) = next() {
+                    load_step(next_head, next_row, 1 - stage);
+                }
+                arch::cp_async_commit();
+                arch::cp_async_wait::<1>();
+            } else {
+                arch::cp_async_wait::<0>();
             }
-            arch::cp_async_wait::<0>();
             arch::sync_threads();
-            // What the warp works on, from the %tid.x read in the step: from
-            // the one read before the loops, LLVM holds each row and column
-            // derived from it (the mask's keys, dQ's rows and columns) in a
-            // register of its own through them.
-            let here = WarpPlace::of::<WARPS>(tid);
+            let stage_bytes = stage * layout.stage;
+            // What the warp works on, from %tid.x read again in the step:
+            // from the one read before the loops, LLVM holds each row and
+            // column derived from it (the mask's keys, dQ's rows and
+            // columns) in a register of its own through them.
+            let here = WarpPlace::of::<WARPS>(arch::thread_idx_x_here());
             let (lane, score_row, grad_row) = (here.lane, here.row, here.row);
+            let (q_rows, d_o_rows) = (q_rows.moved(stage_bytes), d_o_rows.moved(stage_bytes));
+            let (q_columns, d_o_columns) = (q_columns.moved(stage_bytes), d_o_columns.moved(stage_bytes));
+            let (lse_smem, delta_smem) = (lse_smem + stage_bytes, delta_smem + stage_bytes);
 
             // 1. Scores, P and dS of the warp's rows and keys.
             let mut s = rows_times_rows::<E, SCORE_TILES, HEAD_DIM_16, HEAD_DIM>(q_rows, k_rows);
@@ -256,7 +275,14 @@ pub unsafe fn backward_key_block<
             let scale_log2 = modifiers.softmax_scale_log2();
             for half in 0..2 {
                 let row = score_row + lane / 4 + 8 * half;
-                let lse_log2 = f32::from_bits(arch::ld_shared_u32(lse_smem + 4 * row));
+                // The LSE in log2; +inf where the row sees no key (an LSE of
+                // -inf) or does not exist (zero-filled), so that P = 0.
+                let lse = f32::from_bits(arch::ld_shared_u32(lse_smem + 4 * row));
+                let lse_log2 = if row < rows_in_step && lse != f32::NEG_INFINITY {
+                    lse * core::f32::consts::LOG2_E
+                } else {
+                    f32::INFINITY
+                };
                 for n in 0..SCORE_TILES {
                     let mut p = [0f32; 2];
                     let mut d_s = [0f32; 2];
@@ -279,26 +305,53 @@ pub unsafe fn backward_key_block<
             let d_s_t = |k| d_s_columns.load(k);
             accumulate_over_rows::<E, GRAD_TILES, STEP_K16, HEAD_DIM>(&mut d_k, d_s_t, q_columns, 0);
             let d_s = |k| d_s_rows.load(k);
+            // dQ of the warp's rows, a pass of DQ_TILES column tiles at a
+            // time: the fragments to the warp's staging, then back as rows
+            // of 8 words (4 rows per read), each added to the accumulator
+            // as one whole 32-byte sector.
+            let pitch = config.dq_pitch();
             for pass in 0..(GRAD_TILES / DQ_TILES) as u32 {
                 let mut d_q = [[0f32; 4]; DQ_TILES];
                 let first_slice = pass * (DQ_TILES / 2) as u32;
                 accumulate_over_rows::<E, DQ_TILES, BLOCK_K16, HEAD_DIM>(&mut d_q, d_s, k_columns, first_slice);
+                // Warp w's 16 rows start at row 16 w = grad_row + 64 column_group:
+                // from values the step holds anyway.
+                let staging = d_q_smem + (grad_row + ROW_GROUPS * WARP_ROWS * here.column_group) * pitch * 4;
                 for half in 0..2 {
-                    let row = grad_row + lane / 4 + 8 * half;
-                    if row < rows_in_step {
-                        let index = rows.lse_index(f, head, first_row + row);
-                        let accum = d_q_accum.offset((index * HEAD_DIM as i64) as isize);
-                        for n in 0..DQ_TILES {
-                            let col = gradient_column(pass as usize * DQ_TILES + n, here.column_group, groups, lane);
-                            arch::red_global_add_f32(accum.add(col as usize), d_q[n][2 * half as usize]);
-                            arch::red_global_add_f32(accum.add(col as usize + 1), d_q[n][2 * half as usize + 1]);
+                    let row = lane / 4 + 8 * half;
+                    for n in 0..DQ_TILES {
+                        let (i, col) = (2 * half as usize, 8 * n as u32 + 2 * (lane % 4));
+                        let pair = [d_q[n][i].to_bits(), d_q[n][i + 1].to_bits()];
+                        arch::st_shared_v2(staging + 4 * (row * pitch + col), pair);
+                    }
+                }
+                arch::sync_warp();
+                for n in 0..DQ_TILES {
+                    let col = tile_column(pass as usize * DQ_TILES + n, here.column_group, groups) + lane % 8;
+                    for quarter in 0..4 {
+                        let row = 4 * quarter + lane / 8;
+                        let value = arch::ld_shared_u32(staging + 4 * (row * pitch + 8 * n as u32 + lane % 8));
+                        if grad_row + row < rows_in_step {
+                            let index = rows.lse_index(f, head, first_row + grad_row + row);
+                            let accum = d_q_accum.offset((index * HEAD_DIM as i64) as isize);
+                            arch::red_global_add_f32(accum.add(col as usize), f32::from_bits(value));
                         }
                     }
                 }
+                // The warp has read its staging before the next pass writes it.
+                arch::sync_warp();
             }
-            // Every warp is done with Q, dO, P and dS before the next step
-            // loads over them.
+            // Every warp is done with this stage's Q, dO, LSE and delta, and
+            // with P and dS, before the next step's copies or scores write
+            // over them.
             arch::sync_threads();
+            if stages == 1 {
+                if let Some((next_head, next_row)) = next() {
+                    load_step(next_head, next_row, 0);
+                    arch::cp_async_commit();
+                }
+            }
+            stage = (stage + 1) % stages;
             first_row += BACKWARD_BLOCK_M;
         }
     }
@@ -321,7 +374,7 @@ pub unsafe fn backward_key_block<
             for n in 0..GRAD_TILES {
                 let i = 2 * half as usize;
                 let at = |dst: *mut u16, row_stride: i64| {
-                    let col = gradient_column(n, column_group, groups, lane);
+                    let col = tile_column(n, column_group, groups) + 2 * (lane % 4);
                     dst.offset(key as isize * row_stride as isize + col as isize) as *mut u32
                 };
                 arch::st_global_u32(
@@ -356,10 +409,10 @@ impl WarpPlace {
     }
 }
 
-/// The first column of a warp's gradient tile `n` (dK, dV, dQ), and the
-/// lane's in it: the head dim's 16-column slices go round the `groups`
-/// column groups (as [`ColumnsAsB`] reads them).
+/// The first column of a warp's gradient tile `n` (dK, dV, dQ): the head
+/// dim's 16-column slices go round the `groups` column groups (as
+/// [`ColumnsAsB`] reads them).
 #[inline(always)]
-fn gradient_column(n: usize, column_group: u32, groups: u32, lane: u32) -> u32 {
-    16 * ((n / 2) as u32 * groups + column_group) + 8 * (n % 2) as u32 + 2 * (lane % 4)
+fn tile_column(n: usize, column_group: u32, groups: u32) -> u32 {
+    16 * ((n / 2) as u32 * groups + column_group) + 8 * (n % 2) as u32
 }
