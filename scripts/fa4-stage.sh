@@ -2,25 +2,31 @@
 # Stages FlashAttention-4 (PyPI flash-attn-4 4.0.0b36 on nvidia-cutlass-dsl 4.8.1, the pins of
 # /work/shared/anchors/fa4-wheels.sh; its sm90 kernels are the benchmark's FA4-sm90 column) for the
 # GPU machine, which has torch but no network and takes at most 64 MiB of working tree per call
-# (tracked files, about 11 MiB, included). Run it here, where PyPI is reachable:
+# (tracked files, about 17 MiB, included). Run it here, where PyPI is reachable:
 #
 #   bash scripts/fa4-stage.sh          (then `cargo xtask gpu-bundle` as usual)
 #
 # It downloads the wheels into .fa4/dl (git-ignored), unpacks the one large wheel
 # (nvidia-cutlass-dsl-libs-cu13: 92 MB zipped, 237 MB of files) and packs its files again with xz
 # (about 64 MB; some minutes on two cores), and cuts that into
-#   .fa4/s1: the first 48 MiB of it ($FA4_PART1_MIB),
+#   .fa4/s1: the first 38 MiB of it ($FA4_PART1_MIB),
 #   .fa4/s2: the rest, the seven small wheels (about 10 MB) and install.sh,
-# so that the two calls below each stay under 64 MiB with the gpu bundle (about 20 MiB) in the
-# second. It prints the sizes and what each call carries.
+# so that each call below stays under 64 MiB. It prints the sizes and what each call carries. The
+# whole gpu bundle (about 31 MiB) no longer fits beside .fa4/s2: the second call carries a bench
+# bundle instead (gpu-check.sh, bench_torch.py and bin/bench alone, about 3 MiB), made here after
+# `cargo xtask gpu-bundle`:
+#   rm -rf .bench-bundle /tmp/bb && mkdir -p .bench-bundle /tmp/bb
+#   cp gpu-bundle/gpu-check.sh gpu-bundle/bench_torch.py .bench-bundle/
+#   tar xzf gpu-bundle/bin.tar.gz -C /tmp/bb bin/bench && tar czf .bench-bundle/bin.tar.gz -C /tmp/bb bin
+# and the tests part runs in a call of its own with the whole bundle.
 #
 # The two device calls, the second sent as soon as the first returns (a machine stays warm only some
 # 30 s after a call, and /root/fa4-stage survives only while it is held; the first call's reply says
 # `warm`, the second's must not say it started a fresh machine):
 #   call 1: carry [".fa4/s1"]
 #           command: mkdir -p /root/fa4-stage && cp .fa4/s1/* /root/fa4-stage/ && ls -l /root/fa4-stage
-#   call 2: carry [".fa4/s2", "gpu-bundle"]
-#           command: bash .fa4/s2/install.sh /root/fa4-stage /tmp/fa4-site; bash gpu-bundle/gpu-check.sh
+#   call 2: carry [".fa4/s2", ".bench-bundle"]
+#           command: bash .fa4/s2/install.sh /root/fa4-stage /tmp/fa4-site; bash .bench-bundle/gpu-check.sh --part bench
 # install.sh joins the parts, checks their sha256, installs the small wheels with pip --target
 # /tmp/fa4-site, unpacks the large one's files there, checks them against the wheel's RECORD and
 # imports `flash_attn.cute`; it says loudly what failed, and then gpu-check.sh runs without FA4
@@ -31,7 +37,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="$root/.fa4"
-part1_mib="${FA4_PART1_MIB:-48}"
+part1_mib="${FA4_PART1_MIB:-38}"
 pins=(flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
       nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
       apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5)
@@ -119,10 +125,10 @@ tree_bytes="$(cd "$root" && { git ls-files -z; git ls-files -z -o --exclude-stan
   | xargs -0 -r du -b --apparent-size 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')"
 s1="$(bytes "$out/s1")"; s2="$(bytes "$out/s2")"
 du -sh "$out/s1" "$out/s2"
-if [ -d "$root/gpu-bundle" ]; then bundle="$(bytes "$root/gpu-bundle")"; bundle_note=""; else
-  bundle=$((20 * 1048576)); bundle_note=" (gpu-bundle not built yet: 20 MiB assumed)"; fi
+if [ -d "$root/.bench-bundle" ]; then bundle="$(bytes "$root/.bench-bundle")"; bundle_note=""; else
+  bundle=$((3 * 1048576)); bundle_note=" (.bench-bundle not made yet: 3 MiB assumed)"; fi
 call1=$((tree_bytes + s1)); call2=$((tree_bytes + s2 + bundle))
-echo "fa4-stage: working tree $(mib "$tree_bytes"); call 1 carries .fa4/s1: $(mib "$call1") in all; call 2 carries .fa4/s2 and gpu-bundle: $(mib "$call2") in all$bundle_note (limit 64 MiB a call)"
+echo "fa4-stage: working tree $(mib "$tree_bytes"); call 1 carries .fa4/s1: $(mib "$call1") in all; call 2 carries .fa4/s2 and .bench-bundle: $(mib "$call2") in all$bundle_note (limit 64 MiB a call)"
 limit=$((64 * 1048576))
 if [ "$call1" -gt "$limit" ] || [ "$call2" -gt "$limit" ]; then
   echo "fa4-stage: WARNING: a call is over 64 MiB; set FA4_PART1_MIB (now $part1_mib) to move bytes between the calls and run again after rm -rf .fa4" >&2

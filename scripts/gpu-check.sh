@@ -81,10 +81,17 @@ if [ "$part" != bench ]; then
       log="$(mktemp)"
       cap=""
       case "$tool" in racecheck|initcheck) cap="$small_cases" ;; esac
+      # racecheck over gpu_backward with several test threads reports an
+      # "Internal Sanitizer Error: Detected a failure to track a kernel
+      # launch" (H100, 2026-11-26; the backward module loads at the first
+      # backward call while other threads launch): one thread there, which
+      # is clean.
+      threads=8
+      case "$tool:$name" in racecheck:*gpu_backward*) threads=1 ;; esac
       start=$(date +%s)
       FLASH_ATTN_TEST_MAX_SCORES="$cap" timeout "$sanitizer_limit" \
         compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 --require-cuda-init no \
-        "$t" --test-threads=8 > "$log" 2>&1
+        "$t" --test-threads=$threads > "$log" 2>&1
       status=$?
       took=$(( $(date +%s) - start ))
       sanitizer_runs=$((sanitizer_runs + 1))
