@@ -369,7 +369,7 @@ impl FlashAttention {
         context.with_current(|| {
             context.check_stream(stream)?;
             let plan = plan_backward(&call, self.module.sm_count())?;
-            self.module.load_backward()?;
+            self.module.load_backward(plan.kernel)?;
             launch_backward(&self.module, &plan, &mut Scratch::Workspace(workspace), stream)?;
             Ok(call.forward.problem)
         })

@@ -29,6 +29,7 @@ const CUDA_SUCCESS: CUresult = 0;
 pub(crate) const DEVICE_MULTIPROCESSOR_COUNT: c_int = 16;
 pub(crate) const DEVICE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub(crate) const DEVICE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+pub(crate) const DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: c_int = 97;
 /// `CUfunction_attribute` values the crate reads or sets.
 pub(crate) const FUNC_LOCAL_SIZE_BYTES: c_int = 3;
 pub(crate) const FUNC_NUM_REGS: c_int = 4;

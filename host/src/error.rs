@@ -55,6 +55,10 @@ pub enum Error {
     InvalidBlockTable(String),
     /// The GPU's compute capability is below 8.0 (mma.sync bf16, cp.async).
     UnsupportedDevice { major: i32, minor: i32 },
+    /// The kernel a call needs takes more shared memory a block (`needs`
+    /// bytes) than this GPU gives one (`available`): the larger backward
+    /// kernels on sm_86/89's 99 KB.
+    SharedMemoryTooSmall { kernel: &'static str, needs: u32, available: u32 },
     /// No CUDA context is current on the calling thread.
     NoContext,
     /// The stream of a call belongs to another context than the one the
@@ -141,6 +145,10 @@ impl fmt::Display for Error {
             Error::UnsupportedDevice { major, minor } => {
                 write!(f, "compute capability {major}.{minor} is not supported; sm_80 or newer is required")
             }
+            Error::SharedMemoryTooSmall { kernel, needs, available } => write!(
+                f,
+                "{kernel} needs {needs} bytes of shared memory a block; this GPU gives a block at most {available}"
+            ),
             Error::NoContext => write!(
                 f,
                 "no CUDA context is current on this thread: create one first (cust::quick_init(), \
@@ -163,3 +171,15 @@ impl std::error::Error for Error {}
 
 /// Result of this crate's calls.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_too_small_names_the_kernel_and_both_sizes() {
+        let e = Error::SharedMemoryTooSmall { kernel: "flash_bwd_d128_f16", needs: 152576, available: 101376 };
+        let text = e.to_string();
+        assert!(text.contains("flash_bwd_d128_f16") && text.contains("152576") && text.contains("101376"), "{text}");
+    }
+}

@@ -61,11 +61,12 @@ impl Kernel {
 }
 
 /// The backward module and its kernels: one per row of
-/// [`BACKWARD_KERNELS`], then the prepare and finish kernels of f16 and
+/// [`BACKWARD_KERNELS`] (none where the row's shared memory is more than
+/// the GPU gives a block), then the prepare and finish kernels of f16 and
 /// bf16.
 struct BackwardModule {
     module: CUmodule,
-    main: Vec<CUfunction>,
+    main: Vec<Option<CUfunction>>,
     prepare: [CUfunction; 2],
     finish: [CUfunction; 2],
 }
@@ -98,6 +99,8 @@ pub(crate) struct KernelModule {
     /// Keeps the context alive until the module is unloaded.
     context: ContextRef,
     sm_count: usize,
+    /// The shared memory a block may opt in to on this GPU (bytes).
+    smem_per_block: u32,
     /// One per row of [`ATTENTION_KERNELS`], in its order.
     attention: Vec<LoadedKernel>,
     /// The merge kernels of f16 and bf16.
@@ -140,6 +143,7 @@ impl KernelModule {
             return Err(Error::UnsupportedDevice { major, minor });
         }
         let sm_count = attribute(driver::DEVICE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
+        let smem_per_block = attribute(driver::DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as u32;
         // The driver reads the PTX as a NUL-terminated string.
         let module = load_module(PTX)?;
         // From here on, `loaded` unloads the module if a lookup fails.
@@ -147,6 +151,7 @@ impl KernelModule {
             module,
             context,
             sm_count,
+            smem_per_block,
             attention: Vec::with_capacity(ATTENTION_KERNELS.len()),
             combine: [std::ptr::null_mut(); 2],
             append: std::ptr::null_mut(),
@@ -188,8 +193,24 @@ impl KernelModule {
     }
 
     /// Loads the backward module into the module's context if no call has
-    /// yet. The caller makes that context current.
-    pub(crate) fn load_backward(&self) -> Result<()> {
+    /// yet, and checks that `kernel` runs on this GPU: a main kernel whose
+    /// shared memory is more than a block may have here (the 99 KB of
+    /// sm_86/89 at the larger head dims) is
+    /// [`Error::SharedMemoryTooSmall`], before anything is launched.
+    pub(crate) fn load_backward(&self, kernel: &BackwardKernel) -> Result<()> {
+        self.load_backward_module()?;
+        let index = BACKWARD_KERNELS.iter().position(|k| k == kernel).expect("a row of BACKWARD_KERNELS");
+        match self.backward().main[index] {
+            Some(_) => Ok(()),
+            None => Err(Error::SharedMemoryTooSmall {
+                kernel: kernel.name,
+                needs: kernel.config.smem_bytes(),
+                available: self.smem_per_block,
+            }),
+        }
+    }
+
+    fn load_backward_module(&self) -> Result<()> {
         if self.backward.get().is_some() {
             return Ok(());
         }
@@ -203,9 +224,14 @@ impl KernelModule {
         let functions = || -> Result<BackwardModule> {
             let mut main = Vec::with_capacity(BACKWARD_KERNELS.len());
             for kernel in BACKWARD_KERNELS {
+                let smem = kernel.config.smem_bytes();
+                if smem > self.smem_per_block {
+                    main.push(None);
+                    continue;
+                }
                 let function = get_function(module, kernel.name)?;
-                allow_dynamic_smem(function, kernel.config.smem_bytes())?;
-                main.push(function);
+                allow_dynamic_smem(function, smem)?;
+                main.push(Some(function));
             }
             let named = |kernel: Kernel| get_function(module, kernel.name());
             let prepare = [named(Kernel::BackwardPrepare(Dtype::F16))?, named(Kernel::BackwardPrepare(Dtype::Bf16))?];
@@ -265,7 +291,8 @@ impl KernelModule {
             Kernel::Append => self.append,
             Kernel::Backward(kernel) => {
                 let index = BACKWARD_KERNELS.iter().position(|k| k == kernel).expect("a row of BACKWARD_KERNELS");
-                self.backward().main[index]
+                // Plans reach a launch only after `load_backward` found it.
+                self.backward().main[index].expect("the main backward kernel fits this GPU")
             }
             Kernel::BackwardPrepare(Dtype::F16) => self.backward().prepare[0],
             Kernel::BackwardPrepare(Dtype::Bf16) => self.backward().prepare[1],
@@ -293,7 +320,11 @@ impl KernelModule {
             None => Vec::new(),
         };
         let backward: Vec<(&str, &CUfunction)> = match self.backward.get() {
-            Some(b) => BACKWARD_KERNELS.iter().map(|k| k.name).zip(&b.main).collect(),
+            Some(b) => BACKWARD_KERNELS
+                .iter()
+                .zip(&b.main)
+                .filter_map(|(k, function)| function.as_ref().map(|f| (k.name, f)))
+                .collect(),
             None => Vec::new(),
         };
         let mut kernels = ATTENTION_KERNELS
