@@ -13,8 +13,8 @@ use std::marker::PhantomData;
 
 use flash_attn::cust::memory::DeviceCopy;
 use flash_attn::pipeline::{
-    plan_backward, plan_for, BackwardCall, BackwardParams, BackwardPlan, Call, KernelArgs, KernelFamily, Launch,
-    OutputAddrs, Outputs, Plan,
+    plan_backward, plan_for, BackwardCall, BackwardPlan, Call, KernelArgs, KernelFamily, Launch, OutputAddrs, Outputs,
+    Plan,
 };
 use flash_attn::reference::{self, ReferenceProblem};
 use flash_attn::{AttentionKernel, AttentionParams, DeviceView, Kernel, Layout, Placed};
@@ -350,39 +350,7 @@ pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -
     }
     let scratch_addr = if plan.scratch.bytes > 0 { scratch.addr() } else { 0 };
     for launch in plan.launches(OutputAddrs { o: o.addr, lse }, scratch_addr) {
-        let regions = memory.regions(&launch, &scratch);
-        let config = LaunchConfig::new(launch.grid, launch.threads, launch.smem_bytes);
-        // SAFETY: the regions are the call's buffers, borrowed by `memory`,
-        // and the scratch, alive until the launch returns; the plan pairs
-        // each kernel with its argument block; kernels are written for
-        // concurrent threads.
-        let result = unsafe {
-            match (launch.kernel, launch.args) {
-                (Kernel::Attention(kernel), KernelArgs::Forward(args)) => {
-                    let host = entry::kernel(kernel.name)
-                        .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
-                    assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
-                    emu::launch(&config, &regions, || (host.run)(&args))
-                }
-                (Kernel::Hopper(kernel), KernelArgs::Hopper(args)) => {
-                    let host = entry::hopper_kernel(kernel.name)
-                        .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
-                    assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
-                    emu::launch(&config, &regions, || (host.run)(&args))
-                }
-                (Kernel::Combine(Dtype::F16), KernelArgs::Combine(args)) => {
-                    emu::launch(&config, &regions, || entry::flash_combine_f16(&args))
-                }
-                (Kernel::Combine(Dtype::Bf16), KernelArgs::Combine(args)) => {
-                    emu::launch(&config, &regions, || entry::flash_combine_bf16(&args))
-                }
-                (Kernel::Append, KernelArgs::Append(args)) => {
-                    emu::launch(&config, &regions, || entry::kv_cache_append(&args))
-                }
-                (kernel, args) => panic!("the plan gave {} the arguments {args:?}", kernel.name()),
-            }
-        };
-        result.map_err(|error| Failure::Emulator { kernel: launch.kernel.name(), error })?;
+        run_launch(&launch, memory, &scratch)?;
     }
     Ok(plan)
 }
@@ -396,30 +364,65 @@ pub fn run_backward(call: &BackwardCall, memory: &Memory, sm_count: usize) -> Re
     let plan = plan_backward(call, sm_count)?;
     let scratch = Scratch::new(plan.scratch_bytes);
     for launch in plan.launches(scratch.addr()) {
-        let regions = memory.regions(&launch, &scratch);
-        let config = LaunchConfig::new(launch.grid, launch.threads, launch.smem_bytes);
-        let KernelArgs::Backward(args) = launch.args else {
-            panic!("the backward plan gave {} the arguments {:?}", launch.kernel.name(), launch.args)
-        };
-        let run: unsafe fn(&BackwardParams) = match launch.kernel {
-            Kernel::Backward(kernel) => {
+        run_launch(&launch, memory, &scratch)?;
+    }
+    Ok(plan)
+}
+
+/// Runs one planned launch on the emulator: its kernel's emulated twin on
+/// its argument block, over the call's buffers and `scratch`.
+fn run_launch(launch: &Launch, memory: &Memory, scratch: &Scratch) -> Result<(), Failure> {
+    let regions = memory.regions(launch, scratch);
+    let config = LaunchConfig::new(launch.grid, launch.threads, launch.smem_bytes);
+    // SAFETY: the regions are the call's buffers, borrowed by `memory`, and
+    // the scratch, alive until the launch returns; the plan pairs each
+    // kernel with its argument block; kernels are written for concurrent
+    // threads.
+    let result = unsafe {
+        match (launch.kernel, launch.args) {
+            (Kernel::Attention(kernel), KernelArgs::Forward(args)) => {
+                let host =
+                    entry::kernel(kernel.name).unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
+                assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
+                emu::launch(&config, &regions, || (host.run)(&args))
+            }
+            (Kernel::Hopper(kernel), KernelArgs::Hopper(args)) => {
+                let host = entry::hopper_kernel(kernel.name)
+                    .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
+                assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
+                emu::launch(&config, &regions, || (host.run)(&args))
+            }
+            (Kernel::Backward(kernel), KernelArgs::Backward(args)) => {
                 let host = entry::backward_kernel(kernel.name)
                     .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
                 assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
-                host.run
+                emu::launch(&config, &regions, || (host.run)(&args))
             }
-            Kernel::BackwardPrepare(Dtype::F16) => entry::flash_bwd_prepare_f16,
-            Kernel::BackwardPrepare(Dtype::Bf16) => entry::flash_bwd_prepare_bf16,
-            Kernel::BackwardFinish(Dtype::F16) => entry::flash_bwd_finish_dq_f16,
-            Kernel::BackwardFinish(Dtype::Bf16) => entry::flash_bwd_finish_dq_bf16,
-            kernel => panic!("the backward plan names {}", kernel.name()),
-        };
-        // SAFETY: as in `run_on`: the regions are the call's buffers and the
-        // scratch, alive until the launch returns.
-        unsafe { emu::launch(&config, &regions, || run(&args)) }
-            .map_err(|error| Failure::Emulator { kernel: launch.kernel.name(), error })?;
-    }
-    Ok(plan)
+            (Kernel::Combine(Dtype::F16), KernelArgs::Combine(args)) => {
+                emu::launch(&config, &regions, || entry::flash_combine_f16(&args))
+            }
+            (Kernel::Combine(Dtype::Bf16), KernelArgs::Combine(args)) => {
+                emu::launch(&config, &regions, || entry::flash_combine_bf16(&args))
+            }
+            (Kernel::Append, KernelArgs::Append(args)) => {
+                emu::launch(&config, &regions, || entry::kv_cache_append(&args))
+            }
+            (Kernel::BackwardPrepare(Dtype::F16), KernelArgs::Backward(args)) => {
+                emu::launch(&config, &regions, || entry::flash_bwd_prepare_f16(&args))
+            }
+            (Kernel::BackwardPrepare(Dtype::Bf16), KernelArgs::Backward(args)) => {
+                emu::launch(&config, &regions, || entry::flash_bwd_prepare_bf16(&args))
+            }
+            (Kernel::BackwardFinish(Dtype::F16), KernelArgs::Backward(args)) => {
+                emu::launch(&config, &regions, || entry::flash_bwd_finish_dq_f16(&args))
+            }
+            (Kernel::BackwardFinish(Dtype::Bf16), KernelArgs::Backward(args)) => {
+                emu::launch(&config, &regions, || entry::flash_bwd_finish_dq_bf16(&args))
+            }
+            (kernel, args) => panic!("the plan gave {} the arguments {args:?}", kernel.name()),
+        }
+    };
+    result.map_err(|error| Failure::Emulator { kernel: launch.kernel.name(), error })
 }
 
 /// O (of `q`'s shape) and the LSE (`[batch, heads_q, seqlen_q]`) of one
