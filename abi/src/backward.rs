@@ -284,6 +284,24 @@ macro_rules! backward_table {
 
 backward_kernels!(backward_table);
 
+/// The PTX name of the first row kernel of `dtype` (delta, the dQ
+/// accumulator zeroed).
+pub const fn backward_prepare_kernel(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F16 => "flash_bwd_prepare_f16",
+        Dtype::Bf16 => "flash_bwd_prepare_bf16",
+    }
+}
+
+/// The PTX name of the last row kernel of `dtype` (dQ from the
+/// accumulator).
+pub const fn backward_finish_kernel(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F16 => "flash_bwd_finish_dq_f16",
+        Dtype::Bf16 => "flash_bwd_finish_dq_bf16",
+    }
+}
+
 /// The main backward kernel of `head_dim` and `dtype`, if there is one.
 pub fn backward_kernel(head_dim: u32, dtype: Dtype) -> Option<&'static BackwardKernel> {
     BACKWARD_KERNELS.iter().find(|k| k.head_dim == head_dim && k.dtype == dtype)

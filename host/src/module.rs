@@ -5,7 +5,7 @@
 use std::ffi::{c_int, CString};
 use std::sync::{Mutex, OnceLock};
 
-use flash_attn_abi::backward::{BackwardKernel, BACKWARD_KERNELS};
+use flash_attn_abi::backward::{backward_finish_kernel, backward_prepare_kernel, BackwardKernel, BACKWARD_KERNELS};
 use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
 use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
 
@@ -52,10 +52,8 @@ impl Kernel {
             Kernel::Combine(dtype) => combine_kernel(dtype),
             Kernel::Append => APPEND_KERNEL,
             Kernel::Backward(kernel) => kernel.name,
-            Kernel::BackwardPrepare(Dtype::F16) => "flash_bwd_prepare_f16",
-            Kernel::BackwardPrepare(Dtype::Bf16) => "flash_bwd_prepare_bf16",
-            Kernel::BackwardFinish(Dtype::F16) => "flash_bwd_finish_dq_f16",
-            Kernel::BackwardFinish(Dtype::Bf16) => "flash_bwd_finish_dq_bf16",
+            Kernel::BackwardPrepare(dtype) => backward_prepare_kernel(dtype),
+            Kernel::BackwardFinish(dtype) => backward_finish_kernel(dtype),
         }
     }
 }
@@ -199,8 +197,7 @@ impl KernelModule {
     /// [`Error::SharedMemoryTooSmall`], before anything is launched.
     pub(crate) fn load_backward(&self, kernel: &BackwardKernel) -> Result<()> {
         self.load_backward_module()?;
-        let index = BACKWARD_KERNELS.iter().position(|k| k == kernel).expect("a row of BACKWARD_KERNELS");
-        match self.backward().main[index] {
+        match self.backward_main(kernel) {
             Some(_) => Ok(()),
             None => Err(Error::SharedMemoryTooSmall {
                 kernel: kernel.name,
@@ -289,11 +286,8 @@ impl KernelModule {
             Kernel::Combine(Dtype::F16) => self.combine[0],
             Kernel::Combine(Dtype::Bf16) => self.combine[1],
             Kernel::Append => self.append,
-            Kernel::Backward(kernel) => {
-                let index = BACKWARD_KERNELS.iter().position(|k| k == kernel).expect("a row of BACKWARD_KERNELS");
-                // Plans reach a launch only after `load_backward` found it.
-                self.backward().main[index].expect("the main backward kernel fits this GPU")
-            }
+            // Plans reach a launch only after `load_backward` found it.
+            Kernel::Backward(kernel) => self.backward_main(kernel).expect("the main backward kernel fits this GPU"),
             Kernel::BackwardPrepare(Dtype::F16) => self.backward().prepare[0],
             Kernel::BackwardPrepare(Dtype::Bf16) => self.backward().prepare[1],
             Kernel::BackwardFinish(Dtype::F16) => self.backward().finish[0],
@@ -304,6 +298,13 @@ impl KernelModule {
     fn backward(&self) -> &BackwardModule {
         // Backward plans run after `load_backward`.
         self.backward.get().expect("the backward module is loaded")
+    }
+
+    /// The loaded main backward kernel of a row of the table, if it fits
+    /// this GPU's shared memory.
+    fn backward_main(&self, kernel: &BackwardKernel) -> Option<CUfunction> {
+        let index = BACKWARD_KERNELS.iter().position(|k| k == kernel).expect("a row of BACKWARD_KERNELS");
+        self.backward().main[index]
     }
 
     /// Every attention kernel as the driver compiled it (the main backward
