@@ -543,6 +543,25 @@ struct PrefillGrid<'a> {
     heads: Option<usize>,
 }
 
+impl PrefillGrid<'_> {
+    /// The grid's shapes in the order the tables print them: dtype, head
+    /// dim, mask, seqlen, the innermost last; head dims where `keep` holds.
+    fn shapes(&self, keep: impl Fn(usize) -> bool) -> Vec<Shape> {
+        let PrefillGrid { dtypes, head_dims, seqlens, masks, heads_major, tokens, heads } = *self;
+        let mut shapes = Vec::new();
+        for &dtype in dtypes {
+            for &head_dim in head_dims.iter().filter(|&&d| keep(d)) {
+                for &causal in masks {
+                    for &seqlen in seqlens {
+                        shapes.push(Shape { seqlen, head_dim, causal, dtype, heads_major, tokens, heads });
+                    }
+                }
+            }
+        }
+        shapes
+    }
+}
+
 /// Times the prefill grid, printing a row per shape and writing its JSON.
 fn prefill_rows(
     attention: &FlashAttention,
@@ -551,7 +570,6 @@ fn prefill_rows(
     reps: usize,
     out: &mut Option<std::fs::File>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let PrefillGrid { dtypes, head_dims, seqlens, masks, heads_major, tokens, heads } = *grid;
     let module = Module::from_ptx(TEST_PTX, &[])?;
     let ceiling_kernel = module.get_function("mma_ceiling")?;
     let sms = CurrentContext::get_device()?.get_attribute(DeviceAttribute::MultiprocessorCount)? as u32;
@@ -564,44 +582,38 @@ fn prefill_rows(
         "{:<6} {:>4} {:>7} {:>6} {:>10} {:>9} {:>10} {:>8}",
         "dtype", "d", "causal", "seqlen", "TFLOP/s", "ceiling", "MHz/W", "warm-up"
     );
-    for &dtype in dtypes {
-        for &head_dim in head_dims {
-            for &causal in masks {
-                for &seqlen in seqlens {
-                    let shape = Shape { seqlen, head_dim, causal, dtype, heads_major, tokens, heads };
-                    let measured = match dtype {
-                        "f16" => time_shape::<f16>(attention, monitor, &shape, false, reps)?,
-                        _ => time_shape::<bf16>(attention, monitor, &shape, false, reps)?,
-                    };
-                    println!(
-                        "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>8.0}% {:>10} {:>7.2}s",
-                        dtype,
-                        head_dim,
-                        causal,
-                        seqlen,
-                        measured.tflops,
-                        100.0 * measured.tflops / ceiling,
-                        measured.reading.label(),
-                        measured.warm_up_s
-                    );
-                    if let Some(f) = out.as_mut() {
-                        writeln!(
-                            f,
-                            "{{\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}{}}}",
-                            shape.dtype,
-                            if heads_major { "bhsd" } else { "bshd" },
-                            head_dim,
-                            causal,
-                            seqlen,
-                            shape.batch(),
-                            shape.heads(),
-                            measured.tflops,
-                            ceiling,
-                            measured.json_fields("")
-                        )?;
-                    }
-                }
-            }
+    for shape in grid.shapes(|_| true) {
+        let Shape { dtype, head_dim, causal, seqlen, .. } = shape;
+        let measured = match dtype {
+            "f16" => time_shape::<f16>(attention, monitor, &shape, false, reps)?,
+            _ => time_shape::<bf16>(attention, monitor, &shape, false, reps)?,
+        };
+        println!(
+            "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>8.0}% {:>10} {:>7.2}s",
+            dtype,
+            head_dim,
+            causal,
+            seqlen,
+            measured.tflops,
+            100.0 * measured.tflops / ceiling,
+            measured.reading.label(),
+            measured.warm_up_s
+        );
+        if let Some(f) = out.as_mut() {
+            writeln!(
+                f,
+                "{{\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}{}}}",
+                shape.dtype,
+                if shape.heads_major { "bhsd" } else { "bshd" },
+                head_dim,
+                causal,
+                seqlen,
+                shape.batch(),
+                shape.heads(),
+                measured.tflops,
+                ceiling,
+                measured.json_fields("")
+            )?;
         }
     }
     Ok(())
@@ -622,43 +634,38 @@ fn backward_rows(
         "{:<6} {:>4} {:>7} {:>6} {:>10} {:>10} {:>8}",
         "dtype", "d", "causal", "seqlen", "TFLOP/s", "MHz/W", "warm-up"
     );
-    let with_kernels = |&&d: &&usize| BACKWARD_KERNELS.iter().any(|k| k.head_dim as usize == d);
-    for &dtype in grid.dtypes {
-        for &head_dim in grid.head_dims.iter().filter(with_kernels) {
-            for &causal in grid.masks {
-                for &seqlen in grid.seqlens {
-                    let (tokens, heads) = (grid.tokens, grid.heads);
-                    let shape = Shape { seqlen, head_dim, causal, dtype, heads_major: false, tokens, heads };
-                    let measured = match dtype {
-                        "f16" => time_backward::<f16>(attention, monitor, &shape, reps)?,
-                        _ => time_backward::<bf16>(attention, monitor, &shape, reps)?,
-                    };
-                    println!(
-                        "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>10} {:>7.2}s",
-                        dtype,
-                        head_dim,
-                        causal,
-                        seqlen,
-                        measured.tflops,
-                        measured.reading.label(),
-                        measured.warm_up_s
-                    );
-                    if let Some(f) = out.as_mut() {
-                        writeln!(
-                            f,
-                            "{{\"kind\":\"backward\",\"dtype\":\"{}\",\"layout\":\"bshd\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3}{}}}",
-                            dtype,
-                            head_dim,
-                            causal,
-                            seqlen,
-                            shape.batch(),
-                            shape.heads(),
-                            measured.tflops,
-                            measured.json_fields("")
-                        )?;
-                    }
-                }
-            }
+    let with_kernels = |d: usize| BACKWARD_KERNELS.iter().any(|k| k.head_dim as usize == d);
+    // The backward times [batch, seqlen, heads, d] only.
+    for shape in grid.shapes(with_kernels) {
+        let shape = Shape { heads_major: false, ..shape };
+        let Shape { dtype, head_dim, causal, seqlen, .. } = shape;
+        let measured = match dtype {
+            "f16" => time_backward::<f16>(attention, monitor, &shape, reps)?,
+            _ => time_backward::<bf16>(attention, monitor, &shape, reps)?,
+        };
+        println!(
+            "{:<6} {:>4} {:>7} {:>6} {:>10.1} {:>10} {:>7.2}s",
+            dtype,
+            head_dim,
+            causal,
+            seqlen,
+            measured.tflops,
+            measured.reading.label(),
+            measured.warm_up_s
+        );
+        if let Some(f) = out.as_mut() {
+            writeln!(
+                f,
+                "{{\"kind\":\"backward\",\"dtype\":\"{}\",\"layout\":\"bshd\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3}{}}}",
+                dtype,
+                head_dim,
+                causal,
+                seqlen,
+                shape.batch(),
+                shape.heads(),
+                measured.tflops,
+                measured.json_fields("")
+            )?;
         }
     }
     Ok(())
