@@ -9,6 +9,12 @@
 //! intra-warpgroup overlap); then wait for that, release V, and rescale O
 //! where the row maxima moved. The last block's `O += P V` ends the loop.
 //!
+//! The two consumers take turns at issuing their `wgmma`s ([`GemmTurns`],
+//! FlashAttention-3's ping-pong): each turn issues one block's GEMMs, so
+//! the tensor cores run one consumer's GEMMs while the other runs its
+//! softmax. Without the turns both issue at once and their softmaxes line
+//! up, leaving the tensor cores idle during both.
+//!
 //! The `wgmma` accumulator fragment is the `mma.sync` C fragment repeated
 //! over n8-tiles (a warp's 16 rows, a lane's two rows `lane / 4` and
 //! `lane / 4 + 8`, two neighbouring columns per tile), so the portable
@@ -70,10 +76,13 @@ pub unsafe fn compute_tile<
     let mut softmax = OnlineSoftmax::<1>::new();
     let blocks = tile.key_blocks();
     if blocks > 0 {
+        let turns = GemmTurns::new(group);
         arch::mbarrier_wait_parity(smem.q_full(), 0);
         // Block 0: its scores alone, then its probabilities.
         arch::mbarrier_wait_parity(smem.k_full(0), 0);
+        turns.begin();
         let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, 0);
+        turns.end(false);
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut s);
         release(lane, smem.k_empty(0));
@@ -89,9 +98,11 @@ pub unsafe fn compute_tile<
             let (stage, parity) = stage_of::<STAGES>(i);
             let (previous, previous_parity) = stage_of::<STAGES>(i - 1);
             arch::mbarrier_wait_parity(smem.k_full(stage), parity);
+            turns.begin();
             let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, stage);
             arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
             issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
+            turns.end(false);
             // The scores' group is the older of the two in flight.
             arch::wgmma_wait_group::<1>();
             arch::wgmma_fence_operand(&mut s);
@@ -119,7 +130,9 @@ pub unsafe fn compute_tile<
         }
         let (last, last_parity) = stage_of::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
+        turns.begin();
         issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
+        turns.end(true);
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut o);
         release(lane, smem.v_empty(last));
@@ -195,6 +208,51 @@ impl Logits {
         let (begin, end) = self.unmasked;
         if (first_key as i32) < begin || first_key as i32 + block_n > end {
             self.mask.apply(s, first_key as i32, lane);
+        }
+    }
+}
+
+/// The consumers' turns at issuing `wgmma`s, on two named barriers of
+/// both consumers' 256 threads: consumer `g` waits on barrier
+/// `FIRST_TURN_BARRIER + g` before its turn and arrives on the other's
+/// after it. Consumer 0 goes first: consumer 1 arrives once on consumer 0's
+/// barrier before its own first turn. Both consumers of a block see the
+/// same key blocks, so they take the same number of turns; consumer 1 does
+/// not arrive after its last one, which leaves no arrival pending when the
+/// block exits.
+struct GemmTurns {
+    group: u32,
+}
+
+/// The first of the two named barriers of [`GemmTurns`] (0 is the block's
+/// `bar.sync 0`).
+const FIRST_TURN_BARRIER: u32 = 1;
+
+/// The threads of both consumer warpgroups, the count of each turn barrier.
+const CONSUMER_THREADS: u32 = 2 * 128;
+
+impl GemmTurns {
+    /// Consumer `group`'s turns; consumer 1 lets consumer 0 go first.
+    #[inline(always)]
+    fn new(group: u32) -> Self {
+        if group == 1 {
+            arch::named_barrier_arrive(FIRST_TURN_BARRIER, CONSUMER_THREADS);
+        }
+        GemmTurns { group }
+    }
+
+    /// Waits until the other consumer has issued its turn's `wgmma`s.
+    #[inline(always)]
+    fn begin(&self) {
+        arch::named_barrier_sync(FIRST_TURN_BARRIER + self.group, CONSUMER_THREADS);
+    }
+
+    /// Hands the turn to the other consumer; `last` marks this consumer's
+    /// last turn of the block.
+    #[inline(always)]
+    fn end(&self, last: bool) {
+        if !(last && self.group == 1) {
+            arch::named_barrier_arrive(FIRST_TURN_BARRIER + 1 - self.group, CONSUMER_THREADS);
         }
     }
 }
