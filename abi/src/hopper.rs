@@ -57,8 +57,8 @@ pub struct HopperSmem {
     /// V stage `s` at `v + s * kv_stage_bytes`.
     pub v: u32,
     pub kv_stage_bytes: u32,
-    /// The mbarriers, 8 bytes each: Q full, then per stage K full, K
-    /// empty, V full, V empty.
+    /// The mbarriers, 8 bytes each: Q full, Q empty, then per stage K
+    /// full, K empty, V full, V empty.
     pub barriers: u32,
     pub end: u32,
 }
@@ -79,7 +79,7 @@ impl HopperConfig {
         let k = q_bytes;
         let v = k + self.stages * kv_stage_bytes;
         let barriers = v + self.stages * kv_stage_bytes;
-        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, end: barriers + 8 * (1 + 4 * self.stages) }
+        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, end: barriers + 8 * (2 + 4 * self.stages) }
     }
 
     /// Dynamic shared memory: the layout plus what aligning its base may take.
@@ -107,6 +107,15 @@ pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
 /// that the producer loads through. The general kernels read the window,
 /// softcap and ALiBi fields too; none reads sequence offsets, cache
 /// lengths, pages or the split.
+/// The tiles of a call (128 query rows of one head and batch each), which
+/// the persistent blocks share out: `(query blocks, tiles)`, `None` past
+/// `u32`, which the kernels count in.
+pub fn hopper_tiles(seqlen_q: usize, heads_q: usize, batch: usize) -> Option<(u32, u32)> {
+    let query_blocks = seqlen_q.div_ceil(HOPPER_BLOCK_M as usize);
+    let tiles = u32::try_from(query_blocks.checked_mul(heads_q)?.checked_mul(batch)?).ok()?;
+    Some((query_blocks as u32, tiles))
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HopperParams {
@@ -116,6 +125,14 @@ pub struct HopperParams {
     /// head_dim, seqlen, heads, batch) with boxes of 64 columns and
     /// [`HOPPER_BLOCK_M`] (q) or `block_n` (k, v) rows.
     pub tensor_maps: *const TensorMap,
+    /// Query blocks of 128 rows per head, tiles (`query_blocks * heads_q *
+    /// batch`, [`hopper_tiles`]) and blocks (the grid's x, at most the
+    /// tiles). Given rather than derived in the kernel, so that the
+    /// producer reads them from the parameters instead of holding them in
+    /// its 24 registers.
+    pub query_blocks: u32,
+    pub tiles: u32,
+    pub blocks: u32,
 }
 
 /// One sm_90a attention kernel.

@@ -391,7 +391,11 @@ impl FlashAttention {
             context.check_stream(stream)?;
             // The split heuristic's wave is the CTAs of a kernel that the
             // GPU's SMs run at once.
-            let family = if self.module.has_sm90a() { KernelFamily::Sm90a } else { KernelFamily::Sm80 };
+            let family = if self.module.has_sm90a() {
+                KernelFamily::Sm90a { sm_count: self.module.sm_count() }
+            } else {
+                KernelFamily::Sm80
+            };
             let plan = plan_for(call, |kernel: &AttentionKernel| self.module.wave(kernel), family)?;
             let (addrs, result) = outputs(&plan)?;
             let mut scratch = match workspace {

@@ -1182,7 +1182,7 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
     let call = validated?;
     let plan = plan(&call, |_| f.wave)?;
     // On compute capability 9.0 the same call may take an sm_90a kernel.
-    let sm90a = plan_for(&call, |_| f.wave, KernelFamily::Sm90a)?;
+    let sm90a = plan_for(&call, |_| f.wave, KernelFamily::Sm90a { sm_count: f.wave })?;
     let sm90a = sm90a.hopper.is_some().then_some(sm90a);
     let problem = call.problem;
     // Accepted: the call's buffers, named as the kernels' arguments.
@@ -1546,9 +1546,15 @@ fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
     let (batch, heads, d) = (a.batch as i128, a.heads_q as i128, h.kernel.head_dim as i128);
     let grid = h.grid.map(i128::from);
     m.fits("grid x", grid[0], 1..=GRID_X);
-    m.check(grid == [round_up(a.seqlen_q as i128, 128) / 128, heads, batch], || format!("grid {grid:?}"));
-    m.fits("grid y", grid[1], 1..=GRID_YZ);
-    m.fits("grid z", grid[2], 1..=GRID_YZ);
+    // Persistent blocks: at most one per tile, the tiles counted in u32.
+    let query_blocks = round_up(a.seqlen_q as i128, 128) / 128;
+    let tiles = query_blocks * heads * batch;
+    m.fits("tiles", tiles, 1..=u32::MAX as i128);
+    m.check((params.query_blocks as i128, params.tiles as i128) == (query_blocks, tiles), || {
+        format!("{} query blocks and {} tiles given for {query_blocks} and {tiles}", params.query_blocks, params.tiles)
+    });
+    m.check(grid[0] <= tiles && grid[1..] == [1, 1], || format!("grid {grid:?} for {tiles} tiles"));
+    m.check(params.blocks as i128 == grid[0], || format!("{} blocks given for a grid of {grid:?}", params.blocks));
     m.fits("heads_per_kv", a.heads_per_kv as i128, 1..=heads);
     for (map, name) in h.maps.iter().zip(["q", "k", "v"]) {
         m.check(map.validate().is_ok(), || format!("{name}'s tensor map {map:?}"));

@@ -10,7 +10,7 @@ use flash_attn_abi::backward::{
     ROW_KERNEL_THREADS,
 };
 use flash_attn_abi::config::MAX_ROW_STRIDE;
-use flash_attn_abi::hopper::{hopper_kernel, HopperKernel, HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
+use flash_attn_abi::hopper::{hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
 use flash_attn_abi::kernels::{
     attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
 };
@@ -261,8 +261,9 @@ pub enum KernelFamily {
     /// The sm_80 kernels only (every GPU of compute capability 8.0 and up).
     Sm80,
     /// The sm_90a kernels for the calls they take, else the sm_80 ones
-    /// (compute capability 9.0).
-    Sm90a,
+    /// (compute capability 9.0), on a GPU of `sm_count` SMs: the persistent
+    /// sm_90a blocks run one per SM.
+    Sm90a { sm_count: usize },
 }
 
 /// An sm_90a launch: the kernel and the tensor maps of q, k and v, which
@@ -272,6 +273,9 @@ pub struct HopperLaunch {
     pub kernel: &'static HopperKernel,
     pub grid: [u32; 3],
     pub maps: [TensorMapParams; 3],
+    /// The call's query blocks and tiles ([`hopper_tiles`]).
+    pub query_blocks: u32,
+    pub tiles: u32,
 }
 
 /// The addresses of a call's outputs.
@@ -336,7 +340,13 @@ impl Plan {
                 grid: hopper.grid,
                 threads: config.threads(),
                 smem_bytes: config.smem_bytes(),
-                args: KernelArgs::Hopper(HopperParams { forward: args, tensor_maps }),
+                args: KernelArgs::Hopper(HopperParams {
+                    forward: args,
+                    tensor_maps,
+                    query_blocks: hopper.query_blocks,
+                    tiles: hopper.tiles,
+                    blocks: hopper.grid[0],
+                }),
             });
             return launches;
         }
@@ -500,13 +510,16 @@ pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPla
     })
 }
 
+/// The most keys of a call whose sm_90a tiles go to persistent blocks.
+const PERSISTENT_MAX_KEYS: usize = 2048;
+
 /// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,
 /// if the call is one those kernels take: dense sequences, no split asked
 /// for, a head dim and element type of the table, more query rows than a
 /// decode block, and q, k and v as TMA reads them (16-byte aligned, strides
 /// multiples of 16 bytes). Windows, softcap and ALiBi take the general
 /// kernel.
-fn hopper_launch(call: &Call) -> Option<HopperLaunch> {
+fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
     let p = &call.problem;
     let modified = call.softcap.is_some() || call.alibi.is_some();
     let variant = match call.mask {
@@ -560,8 +573,19 @@ fn hopper_launch(call: &Call) -> Option<HopperLaunch> {
     if maps.iter().any(|m| m.validate().is_err()) {
         return None;
     }
-    let grid_x = u32::try_from(p.seqlen_q.div_ceil(HOPPER_BLOCK_M as usize)).ok()?;
-    Some(HopperLaunch { kernel, grid: [grid_x, p.heads_q as u32, p.batch as u32], maps })
+    let (query_blocks, tiles) = hopper_tiles(p.seqlen_q, p.heads_q, p.batch)?;
+    // Short tiles that all cost the same (no mask) go to persistent
+    // blocks, one per SM, each taking every grid-th tile: a tile's loads
+    // then overlap the last tile's epilogue. Other tiles get one block
+    // each, which the GPU hands out as SMs free up: masked tiles differ in
+    // cost, and over long key ranges the persistent blocks measured slower
+    // (docs/hopper.md).
+    let persistent = variant == Variant::Full && p.seqlen_k <= PERSISTENT_MAX_KEYS;
+    let grid_x = if persistent { tiles.min(u32::try_from(sm_count.max(1)).unwrap_or(u32::MAX)) } else { tiles };
+    if grid_x > i32::MAX as u32 {
+        return None;
+    }
+    Some(HopperLaunch { kernel, grid: [grid_x, 1, 1], maps, query_blocks, tiles })
 }
 
 /// Plans `call` on the sm_80 kernels ([`plan_for`] with [`KernelFamily::Sm80`]).
@@ -584,7 +608,7 @@ pub fn plan_for(call: &Call, wave: impl Fn(&AttentionKernel) -> usize, family: K
     };
     let mut args = forward_params(call);
     let hopper = match family {
-        KernelFamily::Sm90a => hopper_launch(call),
+        KernelFamily::Sm90a { sm_count } => hopper_launch(call, sm_count),
         KernelFamily::Sm80 => None,
     };
     let swapped = gqa_decode_applies(call);
@@ -796,10 +820,16 @@ mod tests {
 
     #[test]
     fn sm90a_plans_take_dense_calls_and_leave_the_rest_to_sm80() {
-        let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a).unwrap();
+        let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
         let hopper = |c: &Call| sm90a(c).hopper.map(|h| (h.kernel.name, h.grid));
         let dense = call(2, 1000, 1000, 8, 2, 128);
-        assert_eq!(hopper(&dense), Some(("flash_fwd_sm90_d128_f16_full", [8, 8, 2])));
+        // 128 tiles (8 query blocks, 8 heads, 2 batches): one persistent block each.
+        assert_eq!(hopper(&dense), Some(("flash_fwd_sm90_d128_f16_full", [128, 1, 1])));
+        // More tiles than SMs: one block per SM.
+        assert_eq!(hopper(&call(4, 1000, 1000, 8, 2, 128)).map(|h| h.1), Some([132, 1, 1]));
+        // Causal tiles, and tiles over more than 2048 keys: one block each.
+        assert_eq!(hopper(&causal(call(4, 1000, 1000, 8, 2, 128))).map(|h| h.1), Some([256, 1, 1]));
+        assert_eq!(hopper(&call(4, 1000, 3000, 8, 2, 128)).map(|h| h.1), Some([256, 1, 1]));
         assert_eq!(hopper(&causal(dense.clone())).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_causal"));
         let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..dense.clone() };
         assert_eq!(hopper(&windowed).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));

@@ -5,13 +5,18 @@
 //! swizzled tiles and from registers, the producer/consumer hand-off and
 //! the epilogue all have to be right for these to pass. Every row of the
 //! sm_90a table runs, on shapes whose query and key counts end inside a
-//! block, with GQA and padded strides.
+//! block, with GQA and padded strides. The planner is told of a GPU of
+//! [`SM_COUNT`] SMs, so that the persistent blocks each take several tiles
+//! (the ring's stages and the Q barriers' phases carry across tiles).
 
 use flash_attn::pipeline::{validate, KernelFamily, OutputBuffers};
 use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
 use flash_attn::{AttentionParams, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Dtype, Memory, Output, Reference, Tensor, POISON};
+
+/// The SMs of the GPU the calls are planned for: fewer than their tiles.
+const SM_COUNT: usize = 3;
 
 /// Strides of `shape` with padding between heads, rows and batches, in
 /// whole 16 bytes (what TMA takes).
@@ -46,17 +51,27 @@ fn check(kernel_name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed
         }
         variant => AttentionParams { causal: variant == Variant::Causal, ..Default::default() },
     };
-    check_with(kernel_name, batch, seqlen_q, seqlen_k, &params, seed);
+    check_with(kernel_name, batch, seqlen_q, seqlen_k, &params, seed, SM_COUNT);
 }
 
-/// As [`check`], with `params` (no ALiBi: [`check_alibi`]).
-fn check_with(kernel_name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, params: &AttentionParams, seed: u64) {
+/// As [`check`], with `params` (no ALiBi: [`check_alibi`]), planned for a
+/// GPU of `sm_count` SMs.
+fn check_with(
+    kernel_name: &str,
+    batch: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    params: &AttentionParams,
+    seed: u64,
+    sm_count: usize,
+) {
     let kernel = HOPPER_KERNELS.iter().find(|k| k.name == kernel_name).expect("a row of the sm_90a table");
     let dtype = kernel.dtype;
     let d = kernel.head_dim as usize;
     let [q, k, v] = random_qkv(dtype, [batch, seqlen_q, seqlen_k, 2, 1, d], seed);
     let q_shape = q.shape;
-    let (out, plan) = emulator::forward_on(dtype, &q, &k, &v, padded_strides(q_shape), params, 0, KernelFamily::Sm90a)
+    let family = KernelFamily::Sm90a { sm_count };
+    let (out, plan) = emulator::forward_on(dtype, &q, &k, &v, padded_strides(q_shape), params, 0, family)
         .unwrap_or_else(|e| panic!("{kernel_name}: {e}"));
     let ran = plan.hopper.map(|h| h.kernel.name);
     assert_eq!(ran, Some(kernel_name), "the plan chose another kernel");
@@ -90,6 +105,19 @@ fn causal_rows_that_see_no_key_and_more_stages_than_blocks() {
 }
 
 #[test]
+fn one_block_takes_every_tile() {
+    // One SM: a single block takes all 6 tiles (3 query blocks, 2 heads),
+    // causal ones from the last query block, past tiles whose rows see no
+    // key (more queries than keys: rows below 260 see none).
+    for (name, seed) in [("flash_fwd_sm90_d64_f16_causal", 5), ("flash_fwd_sm90_d128_bf16_full", 6)] {
+        let causal = name.ends_with("causal");
+        let params = AttentionParams { causal, ..Default::default() };
+        check_with(name, 1, 300, 40, &params, seed, 1);
+        check_with(name, 1, 300, 300, &params, seed + 1, 1);
+    }
+}
+
+#[test]
 fn general_kernels_take_windows_and_softcap() {
     let names =
         ["flash_fwd_sm90_d64_f16_general", "flash_fwd_sm90_d128_bf16_general", "flash_fwd_sm90_d256_f16_general"];
@@ -99,11 +127,11 @@ fn general_kernels_take_windows_and_softcap() {
         // window beside the causal mask, a softcap, over more keys than
         // queries.
         let windowed = AttentionParams { window: (Some(70), Some(30)), ..Default::default() };
-        check_with(name, 1, 150, 300, &windowed, seed);
+        check_with(name, 1, 150, 300, &windowed, seed, SM_COUNT);
         let left = AttentionParams { causal: true, window: (Some(200), None), ..Default::default() };
-        check_with(name, 1, 150, 400, &left, seed + 1);
+        check_with(name, 1, 150, 400, &left, seed + 1, SM_COUNT);
         let softcap = AttentionParams { softcap: Some(5.0), causal: true, ..Default::default() };
-        check_with(name, 2, 140, 200, &softcap, seed + 2);
+        check_with(name, 2, 140, 200, &softcap, seed + 2, SM_COUNT);
     }
 }
 
@@ -132,7 +160,8 @@ fn check_alibi(name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed:
         let lse_addr = memory.output("lse", &mut lse);
         let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &params)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        emulator::run_on(&call, &memory, 0, KernelFamily::Sm90a).unwrap_or_else(|e| panic!("{name}: {e}"))
+        emulator::run_on(&call, &memory, 0, KernelFamily::Sm90a { sm_count: SM_COUNT })
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
     };
     assert_eq!(plan.hopper.map(|h| h.kernel.name), Some(name), "the plan chose another kernel");
     let scale = 1.0 / (d as f64).sqrt();

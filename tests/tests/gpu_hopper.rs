@@ -35,7 +35,7 @@ fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> String {
     let lse_addr = memory.output("lse", &mut lse);
     let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &case.params(modifiers))
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
-    let plan = plan_for(&call, |_: &AttentionKernel| 1, KernelFamily::Sm90a).expect("a plan");
+    let plan = plan_for(&call, |_: &AttentionKernel| 1, KernelFamily::Sm90a { sm_count: 132 }).expect("a plan");
     plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name).to_string()
 }
 

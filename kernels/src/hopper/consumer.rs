@@ -21,10 +21,11 @@
 //! kernels' softmax and mask ([`crate::softmax`]) and P's conversion to A
 //! fragments ([`crate::mma::probabilities_as_a`]) apply to it as they are.
 
-use flash_attn_abi::hopper::HOPPER_BLOCK_M;
+use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M};
 
+use super::scheduler::{HopperTile, TileOrder};
 use super::smem::Smem;
-use super::HopperTile;
+use super::Loads;
 use crate::arch::{self, WgmmaAccumulator};
 use crate::element::Element;
 use crate::mma::{probabilities_as_a, Accumulators};
@@ -42,13 +43,50 @@ fn as_tiles<const R: usize, const TILES: usize>(acc: &mut WgmmaAccumulator<R>) -
     unsafe { &mut *(regs as *mut [f32; R]).cast::<Accumulators<1, TILES>>() }
 }
 
-/// Computes consumer `group`'s 64 rows of `tile` (`thread` is the thread's
-/// index in its warpgroup) and writes their O and LSE.
+/// Computes consumer `group`'s 64 rows of each tile the block takes
+/// (`thread` is the thread's index in its warpgroup) and writes their O
+/// and LSE.
 ///
 /// # Safety
 /// As [`super::hopper_forward`]; both consumer warpgroups call it.
 #[inline(always)]
-pub unsafe fn compute_tile<
+pub unsafe fn compute_tiles<
+    E: Element,
+    const D: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const CAUSAL: bool,
+    const GENERAL: bool,
+    const S_REGS: usize,
+    const O_REGS: usize,
+    const S_TILES: usize,
+    const O_TILES: usize,
+    const P_STEPS: usize,
+>(
+    params: &HopperParams,
+    smem: &Smem<D, BN, STAGES>,
+    group: u32,
+    thread: u32,
+) {
+    let (p, order) = (&params.forward, TileOrder::of(params));
+    let turns = GemmTurns::new(group);
+    let mut loads = Loads::default();
+    for tile in order.tiles::<BN, CAUSAL, GENERAL>(p) {
+        compute_tile::<E, D, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
+            p, smem, &tile, &turns, &loads, group, thread,
+        );
+        if tile.key_blocks() > 0 {
+            loads.advance(tile.key_blocks());
+        }
+    }
+    turns.finish();
+}
+
+/// Computes consumer `group`'s 64 rows of `tile`, `loads` into the
+/// block's loads, and writes their O and LSE.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn compute_tile<
     E: Element,
     const D: usize,
     const BN: usize,
@@ -64,6 +102,8 @@ pub unsafe fn compute_tile<
     p: &ForwardParams,
     smem: &Smem<D, BN, STAGES>,
     tile: &HopperTile,
+    turns: &GemmTurns,
+    loads: &Loads,
     group: u32,
     thread: u32,
 ) {
@@ -76,16 +116,16 @@ pub unsafe fn compute_tile<
     let mut softmax = OnlineSoftmax::<1>::new();
     let blocks = tile.key_blocks();
     if blocks > 0 {
-        let turns = GemmTurns::new(group);
-        arch::mbarrier_wait_parity(smem.q_full(), 0);
+        arch::mbarrier_wait_parity(smem.q_full(), loads.q_parity());
         // Block 0: its scores alone, then its probabilities.
-        arch::mbarrier_wait_parity(smem.k_full(0), 0);
+        let (first, first_parity) = loads.stage::<STAGES>(0);
+        arch::mbarrier_wait_parity(smem.k_full(first), first_parity);
         turns.begin();
-        let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, 0);
-        turns.end(false);
+        let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, first);
+        turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut s);
-        release(lane, smem.k_empty(0));
+        release(lane, smem.k_empty(first));
         let s_tiles = as_tiles::<S_REGS, S_TILES>(&mut s);
         logits.apply::<GENERAL, S_TILES>(s_tiles, tile.key_block_begin * BN as u32, BN as i32, lane);
         // O is zero: nothing to rescale.
@@ -95,14 +135,14 @@ pub unsafe fn compute_tile<
         // Block i's scores run beside block i - 1's `O += P V`: the
         // softmax of block i overlaps the tensor cores' work on i - 1.
         for i in 1..blocks {
-            let (stage, parity) = stage_of::<STAGES>(i);
-            let (previous, previous_parity) = stage_of::<STAGES>(i - 1);
+            let (stage, parity) = loads.stage::<STAGES>(i);
+            let (previous, previous_parity) = loads.stage::<STAGES>(i - 1);
             arch::mbarrier_wait_parity(smem.k_full(stage), parity);
             turns.begin();
             let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, stage);
             arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
             issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
-            turns.end(false);
+            turns.end();
             // The scores' group is the older of the two in flight.
             arch::wgmma_wait_group::<1>();
             arch::wgmma_fence_operand(&mut s);
@@ -128,11 +168,14 @@ pub unsafe fn compute_tile<
                 }
             }
         }
-        let (last, last_parity) = stage_of::<STAGES>(blocks - 1);
+        // Every `S = Q K^T` of the tile has completed: the producer may
+        // load the next tile's Q.
+        release(lane, smem.q_empty());
+        let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
         turns.begin();
         issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
-        turns.end(true);
+        turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut o);
         release(lane, smem.v_empty(last));
@@ -214,12 +257,11 @@ impl Logits {
 
 /// The consumers' turns at issuing `wgmma`s, on two named barriers of
 /// both consumers' 256 threads: consumer `g` waits on barrier
-/// `FIRST_TURN_BARRIER + g` before its turn and arrives on the other's
+/// `FIRST_TURN_BARRIER + g` before each turn and arrives on the other's
 /// after it. Consumer 0 goes first: consumer 1 arrives once on consumer 0's
-/// barrier before its own first turn. Both consumers of a block see the
-/// same key blocks, so they take the same number of turns; consumer 1 does
-/// not arrive after its last one, which leaves no arrival pending when the
-/// block exits.
+/// barrier before its own first turn, and consumer 0 takes that arrival's
+/// match after its last turn ([`GemmTurns::finish`]), so that no arrival is
+/// pending when the block exits.
 struct GemmTurns {
     group: u32,
 }
@@ -247,12 +289,18 @@ impl GemmTurns {
         arch::named_barrier_sync(FIRST_TURN_BARRIER + self.group, CONSUMER_THREADS);
     }
 
-    /// Hands the turn to the other consumer; `last` marks this consumer's
-    /// last turn of the block.
+    /// Hands the turn to the other consumer.
     #[inline(always)]
-    fn end(&self, last: bool) {
-        if !(last && self.group == 1) {
-            arch::named_barrier_arrive(FIRST_TURN_BARRIER + 1 - self.group, CONSUMER_THREADS);
+    fn end(&self) {
+        arch::named_barrier_arrive(FIRST_TURN_BARRIER + 1 - self.group, CONSUMER_THREADS);
+    }
+
+    /// After the block's last turn: consumer 0 matches consumer 1's last
+    /// arrival (the one ahead of the first turn).
+    #[inline(always)]
+    fn finish(&self) {
+        if self.group == 0 {
+            self.begin();
         }
     }
 }
@@ -267,13 +315,6 @@ unsafe fn release(lane: u32, barrier: u32) {
     if lane == 0 {
         arch::mbarrier_arrive(barrier);
     }
-}
-
-/// The ring stage of the tile's key block `i`, and the parity of the
-/// phase its full barriers complete for it.
-#[inline(always)]
-fn stage_of<const STAGES: usize>(i: u32) -> (u32, u32) {
-    (i % STAGES as u32, (i / STAGES as u32) & 1)
 }
 
 /// Issues `S = Q K^T` of consumer `group`'s rows against K of `stage`, as

@@ -1,17 +1,21 @@
 //! The sm_90a forward kernels (issue 29), in the design FlashAttention-3
 //! published: warp specialization over TMA and `wgmma`.
 //!
-//! A block of three warpgroups computes 128 query rows of one head:
+//! A block computes one or more tiles (128 query rows of one head) in the
+//! order [`scheduler`] gives: persistent blocks, one per SM, take several,
+//! so that one tile's loads run during the previous tile's last GEMMs and
+//! epilogue. A block is three warpgroups:
 //!
 //! - warpgroup 0, the producer ([`producer`]), gives its registers to the
-//!   consumers (`setmaxnreg`) and one thread issues every TMA load: Q once,
-//!   then each key block's K and V into a ring of stages, each stage
-//!   guarded by a full and an empty mbarrier;
+//!   consumers (`setmaxnreg`) and one thread issues every TMA load: each
+//!   tile's Q (once the consumers released the last one), then each key
+//!   block's K and V into a ring of stages, each stage guarded by a full
+//!   and an empty mbarrier;
 //! - warpgroups 1 and 2, the consumers ([`consumer`]), own 64 rows each:
 //!   per key block `S = Q K^T` by `wgmma` from shared memory, the mask and
 //!   the online softmax in registers, `O += P V` by `wgmma` with P from
-//!   registers, then release the stage; at the end they normalise O and
-//!   write it with the LSE.
+//!   registers, then release the stage; at the end of a tile they release
+//!   Q, normalise O and write it with the LSE.
 //!
 //! [`smem`] lays out the shared memory and builds the `wgmma` descriptors
 //! of its tiles. The argument block and the table of instances are the
@@ -19,56 +23,47 @@
 
 pub mod consumer;
 pub mod producer;
+pub mod scheduler;
 pub mod smem;
 
-use flash_attn_abi::hopper::{HopperParams, CONSUMER_REGISTERS, HOPPER_BLOCK_M, PRODUCER_REGISTERS};
+use flash_attn_abi::hopper::{HopperParams, CONSUMER_REGISTERS, PRODUCER_REGISTERS};
 
 use crate::arch;
 use crate::element::Element;
-use crate::problem::Visibility;
 use smem::Smem;
 
-/// What one block works on: a 128-row query block of one head and batch,
-/// and the key blocks its rows see.
-#[derive(Clone, Copy)]
-pub struct HopperTile {
-    pub head: u32,
-    pub batch: u32,
-    /// The block's first query row.
-    pub first_row: u32,
-    /// Key blocks `[key_block_begin, key_block_end)`.
-    pub key_block_begin: u32,
-    pub key_block_end: u32,
-    pub visibility: Visibility,
+/// How far one side of the block (the producer, or a consumer) has come
+/// through the block's loads, over every tile it has taken: the key blocks
+/// and the Q tiles loaded so far. Both sides count alike (a tile without
+/// key blocks loads nothing), so they agree on each load's stage and
+/// barrier phase.
+#[derive(Clone, Copy, Default)]
+pub struct Loads {
+    pub key_blocks: u32,
+    pub q_tiles: u32,
 }
 
-impl HopperTile {
-    /// The tile of this block: query blocks run in reverse order when
-    /// causal, so that the longest rows start first. The general kernels
-    /// read the window from the parameters; the others fix it.
+impl Loads {
+    /// The ring stage of the current tile's key block `i`, and the parity
+    /// of the phase its full barriers complete for it (the empty barriers'
+    /// phase of the round before is the other parity).
     #[inline(always)]
-    fn of_block<const BN: usize, const CAUSAL: bool, const GENERAL: bool>(p: &HopperParams) -> Self {
-        let f = &p.forward;
-        let block = arch::block_idx_x();
-        let m_block = if CAUSAL { arch::grid_dim_x() - 1 - block } else { block };
-        let first_row = m_block * HOPPER_BLOCK_M;
-        let (left, right) = if GENERAL { (f.window_left, f.window_right) } else { (-1, if CAUSAL { 0 } else { -1 }) };
-        let visibility =
-            Visibility { seqlen_k: f.seqlen_k as i32, diagonal: f.seqlen_k as i32 - f.seqlen_q as i32, left, right };
-        let last_row = (first_row + HOPPER_BLOCK_M).min(f.seqlen_q) - 1;
-        let (key_block_begin, key_block_end) = visibility.key_blocks(first_row, last_row, BN as u32);
-        HopperTile {
-            head: arch::block_idx_y(),
-            batch: arch::block_idx_z(),
-            first_row,
-            key_block_begin,
-            key_block_end,
-            visibility,
-        }
+    pub fn stage<const STAGES: usize>(&self, i: u32) -> (u32, u32) {
+        let n = self.key_blocks + i;
+        (n % STAGES as u32, (n / STAGES as u32) & 1)
     }
 
-    pub fn key_blocks(&self) -> u32 {
-        self.key_block_end - self.key_block_begin
+    /// The parity of the phase of the Q barriers for the current tile.
+    #[inline(always)]
+    pub fn q_parity(&self) -> u32 {
+        self.q_tiles & 1
+    }
+
+    /// Past a tile of `key_blocks` key blocks (at least one).
+    #[inline(always)]
+    pub fn advance(&mut self, key_blocks: u32) {
+        self.key_blocks += key_blocks;
+        self.q_tiles += 1;
     }
 }
 
@@ -81,7 +76,8 @@ impl HopperTile {
 ///
 /// # Safety
 /// Launched with [`flash_attn_abi::hopper::HOPPER_THREADS`] threads, the
-/// config's shared memory, a grid of `(query blocks, heads_q, batch)`,
+/// config's shared memory, a grid of `(blocks, 1, 1)` with at most
+/// [`flash_attn_abi::hopper::hopper_tiles`] blocks,
 /// and `p` valid for it: tensor maps of q, k and v as the ABI describes,
 /// o and the LSE large enough for every row.
 #[inline(always)]
@@ -103,7 +99,6 @@ pub unsafe fn hopper_forward<
     const { assert!(S_REGS * 2 == BN && O_REGS * 2 == D && S_TILES * 8 == BN && O_TILES * 8 == D) }
     const { assert!(P_STEPS * 16 == BN) }
     let smem = Smem::<D, BN, STAGES>::at(arch::dynamic_smem_base());
-    let tile = HopperTile::of_block::<BN, CAUSAL, GENERAL>(p);
     let tid = arch::thread_idx_x();
     if tid == 0 {
         smem.init_barriers();
@@ -113,14 +108,13 @@ pub unsafe fn hopper_forward<
     if warpgroup == 0 {
         arch::setmaxnreg_dec::<PRODUCER_REGISTERS>();
         if tid == 0 {
-            producer::load_tile(&smem, &tile, p.tensor_maps, p.forward.heads_per_kv);
+            producer::load_tiles::<D, BN, STAGES, CAUSAL, GENERAL>(p, &smem);
         }
     } else {
         arch::setmaxnreg_inc::<CONSUMER_REGISTERS>();
-        consumer::compute_tile::<E, D, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
-            &p.forward,
+        consumer::compute_tiles::<E, D, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
+            p,
             &smem,
-            &tile,
             warpgroup - 1,
             tid % 128,
         );

@@ -1,30 +1,60 @@
 //! The producer: one thread of warpgroup 0 issues the block's TMA loads.
 //!
-//! Q lands once on its own mbarrier. Key block `i` of the tile goes to
-//! stage `i % STAGES` in round `i / STAGES`: the producer waits until the
-//! consumers have released the stage's previous round (its empty barrier;
-//! in round 0 the wait on the "previous" parity passes at once), raises the
-//! full barrier's transaction count by the tile's bytes with its one
-//! arrival, and issues one TMA load per 64-column slab. K and V have their
-//! own barriers, so that `S = Q K^T` starts before V has landed.
+//! Per tile, Q lands on its full mbarrier once the consumers have released
+//! the previous tile's Q (its empty barrier). The block's key blocks, over
+//! all its tiles, go round a ring of stages: the `n`-th to stage `n %
+//! STAGES` in round `n / STAGES`. The producer waits until the consumers
+//! have released the stage's previous round (its empty barrier; in round 0
+//! the wait on the "previous" parity passes at once), raises the full
+//! barrier's transaction count by the tile's bytes with its one arrival,
+//! and issues one TMA load per 64-column slab. K and V have their own
+//! barriers, so that `S = Q K^T` starts before V has landed. The next
+//! tile's loads start while the consumers still work on the last one.
 
-use flash_attn_abi::hopper::{HOPPER_BLOCK_M, SLAB_COLUMNS};
+use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
 use flash_attn_abi::sm90::TensorMap;
 
+use super::scheduler::{HopperTile, TileOrder};
 use super::smem::Smem;
-use super::HopperTile;
+use super::Loads;
 use crate::arch;
 
-/// Loads Q and every key block of `tile`; `maps` are the tensor maps of q,
-/// k and v; `heads_per_kv` query heads share a key/value head.
+/// Loads Q and every key block of each tile the block takes.
 ///
 /// # Safety
 /// One thread of the block calls it, after the barriers were initialised;
-/// the maps are the ABI's.
+/// `p`'s tensor maps are the ABI's.
 #[inline(always)]
-pub unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
+pub unsafe fn load_tiles<
+    const D: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const CAUSAL: bool,
+    const GENERAL: bool,
+>(
+    p: &HopperParams,
+    smem: &Smem<D, BN, STAGES>,
+) {
+    // Made here, after `setmaxnreg`: what is live across it must fit the
+    // producer's 24 registers.
+    let order = TileOrder::of(p);
+    let mut loads = Loads::default();
+    for tile in order.tiles::<BN, CAUSAL, GENERAL>(&p.forward) {
+        load_tile(smem, &tile, &loads, p.tensor_maps, p.forward.heads_per_kv);
+        if tile.key_blocks() > 0 {
+            loads.advance(tile.key_blocks());
+        }
+    }
+}
+
+/// Loads Q and every key block of `tile`, `loads` into the block's loads;
+/// `maps` are the tensor maps of q, k and v; `heads_per_kv` query heads
+/// share a key/value head.
+#[inline(always)]
+unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
     smem: &Smem<D, BN, STAGES>,
     tile: &HopperTile,
+    loads: &Loads,
     maps: *const TensorMap,
     heads_per_kv: u32,
 ) {
@@ -40,14 +70,15 @@ pub unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
     let kv_head = (tile.head / heads_per_kv) as i32;
 
     let q_bytes = HOPPER_BLOCK_M * D as u32 * 2;
+    arch::mbarrier_wait_parity(smem.q_empty(), loads.q_parity() ^ 1);
     load_slabs(smem.q_full(), q_bytes, slabs, |slab| smem.q(slab), q_map, [tile.first_row as i32, q_head, batch]);
     let tile_bytes = (BN * D * 2) as u32;
     for i in 0..tile.key_blocks() {
-        let (stage, round) = (i % STAGES as u32, i / STAGES as u32);
+        let (stage, parity) = loads.stage::<STAGES>(i);
         let key_rows = [((tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];
-        arch::mbarrier_wait_parity(smem.k_empty(stage), (round & 1) ^ 1);
+        arch::mbarrier_wait_parity(smem.k_empty(stage), parity ^ 1);
         load_slabs(smem.k_full(stage), tile_bytes, slabs, |slab| smem.k(stage, slab), k_map, key_rows);
-        arch::mbarrier_wait_parity(smem.v_empty(stage), (round & 1) ^ 1);
+        arch::mbarrier_wait_parity(smem.v_empty(stage), parity ^ 1);
         load_slabs(smem.v_full(stage), tile_bytes, slabs, |slab| smem.v(stage, slab), v_map, key_rows);
     }
 }

@@ -66,9 +66,16 @@ impl<const D: usize, const BN: usize, const STAGES: usize> Smem<D, BN, STAGES> {
         self.base + self.layout.barriers
     }
 
+    /// Completes when every consumer warp is done reading Q (its last
+    /// `S = Q K^T` of the tile has completed).
+    #[inline(always)]
+    pub fn q_empty(&self) -> u32 {
+        self.base + self.layout.barriers + 8
+    }
+
     #[inline(always)]
     fn stage_barrier(&self, stage: u32, which: u32) -> u32 {
-        self.base + self.layout.barriers + 8 * (1 + 4 * stage + which)
+        self.base + self.layout.barriers + 8 * (2 + 4 * stage + which)
     }
 
     /// Completes when K of `stage` has landed.
@@ -104,6 +111,7 @@ impl<const D: usize, const BN: usize, const STAGES: usize> Smem<D, BN, STAGES> {
     #[inline(always)]
     pub unsafe fn init_barriers(&self) {
         arch::mbarrier_init(self.q_full(), 1);
+        arch::mbarrier_init(self.q_empty(), CONSUMER_WARPS);
         for stage in 0..STAGES as u32 {
             arch::mbarrier_init(self.k_full(stage), 1);
             arch::mbarrier_init(self.k_empty(stage), CONSUMER_WARPS);
