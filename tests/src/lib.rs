@@ -88,6 +88,17 @@ pub fn skipped(test: &str, why: &str) {
 /// the plain run and the faster tools.
 pub const MAX_SCORES_VAR: &str = "FLASH_ATTN_TEST_MAX_SCORES";
 
+/// The attention scores a call's kernels compute, as the cap of
+/// [`left_out_of_this_run`] counts them: each KV head's query rows (its
+/// query heads' `seqlen_q` rows together, as the GQA decode layout runs
+/// them) padded to the decode kernel's 16-row blocks, times the keys
+/// (summed over the batch). Counted as query rows alone, a decode step of
+/// 32 query heads over 4798 keys passed the sanitizers' cap and ran for
+/// minutes under racecheck.
+pub fn computed_scores((heads_q, heads_kv): (usize, usize), seqlen_q: usize, keys: usize) -> usize {
+    heads_kv * (heads_q / heads_kv.max(1) * seqlen_q).next_multiple_of(16) * keys
+}
+
 /// Whether a case of `scores` attention scores (batch * query heads *
 /// queries * keys) is past the cap of [`MAX_SCORES_VAR`]; says so if it is.
 pub fn left_out_of_this_run(test: &str, case: &dyn std::fmt::Debug, scores: usize) -> bool {

@@ -14,8 +14,8 @@ use flash_attn::{
     TensorMut, Workspace,
 };
 use flash_attn_tests::{
-    check_against, download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor,
-    random_values, upload, CaseResult, HostTensor, Placement, TestElement,
+    check_against, computed_scores, download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned,
+    random_tensor, random_values, upload, CaseResult, HostTensor, Placement, TestElement,
 };
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -183,7 +183,7 @@ fn check_dense<T: TestElement>(case: &DenseCase, inputs: &DenseInputs<T>, o: &[f
 }
 
 fn run_dense<T: TestElement>(test: &str, attention: &FlashAttention, case: &DenseCase, allocate: bool) {
-    if left_out_of_this_run(test, case, case.batch * case.heads.0 * case.seqlen_q * case.seqlen_k) {
+    if left_out_of_this_run(test, case, computed_scores(case.heads, case.seqlen_q, case.batch * case.seqlen_k)) {
         return;
     }
     let inputs = dense_inputs::<T>(case, &mut rand::thread_rng());
@@ -454,11 +454,11 @@ fn run_cache<T: TestElement>(
     workspace: &mut Workspace,
 ) {
     let keys: usize = case.cache_seqlens.iter().map(|&n| n as usize + case.seqlen_new).sum();
-    if left_out_of_this_run(test, case, case.heads.0 * case.seqlen_q * keys) {
+    if left_out_of_this_run(test, case, computed_scores(case.heads, case.seqlen_q, keys)) {
         return;
     }
-    let mut rng = rand::thread_rng();
     let (hq, hkv) = case.heads;
+    let mut rng = rand::thread_rng();
     let (d, sq, new) = (case.head_dim, case.seqlen_q, case.seqlen_new);
     let lens = case.cache_seqlens;
     let batch = lens.len();
