@@ -1,9 +1,10 @@
 //! The sm_90a forward kernels (issue 29): their table, their tile
 //! configuration and shared-memory layout, and their argument block.
 //!
-//! A block is three warpgroups: a producer that issues TMA loads of Q once
-//! and of K and V into a ring of [`HopperConfig::stages`] stages, and two
-//! consumers that each own 64 query rows and run `wgmma` on them. The
+//! A block is three warpgroups: a producer that issues TMA loads of each
+//! tile's Q and of K and V into a ring of [`HopperConfig::stages`] stages,
+//! and two consumers that each own 64 query rows of the tile and run
+//! `wgmma` on them; a block takes one tile or, persistent, several. The
 //! table lists every instance once ([`hopper_kernels!`](crate::hopper_kernels));
 //! the device crate makes the entry points of `host/kernels-sm90a.ptx` from
 //! it and the host loads them on compute capability 9.0.

@@ -1,5 +1,5 @@
-//! A consumer warpgroup: 64 query rows of the block through every key
-//! block, then the epilogue.
+//! A consumer warpgroup: 64 query rows of each of the block's tiles
+//! through every key block, then the epilogue.
 //!
 //! Per key block `i`: wait for K, issue `S = Q K^T` (`D / 16` `wgmma`s
 //! from shared memory); wait for V of block `i - 1` and issue its `O += P
@@ -7,7 +7,9 @@
 //! release K, and run the mask and the online softmax of block `i` in
 //! registers while the tensor cores still work on `O += P V` (FlashAttention-3's
 //! intra-warpgroup overlap); then wait for that, release V, and rescale O
-//! where the row maxima moved. The last block's `O += P V` ends the loop.
+//! where the row maxima moved. After the last block's scores the consumer
+//! releases Q (the producer loads the next tile's); the last block's `O +=
+//! P V` ends the tile.
 //!
 //! The two consumers take turns at issuing their `wgmma`s ([`GemmTurns`],
 //! FlashAttention-3's ping-pong): each turn issues one block's GEMMs, so
