@@ -77,9 +77,7 @@ pub unsafe fn compute_tiles<
         compute_tile::<E, D, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
             p, smem, &tile, &turns, &loads, group, thread,
         );
-        if tile.key_blocks() > 0 {
-            loads.advance(tile.key_blocks());
-        }
+        loads.advance(&tile);
     }
     turns.finish();
 }

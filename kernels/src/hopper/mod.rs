@@ -30,6 +30,7 @@ use flash_attn_abi::hopper::{HopperParams, CONSUMER_REGISTERS, PRODUCER_REGISTER
 
 use crate::arch;
 use crate::element::Element;
+use scheduler::HopperTile;
 use smem::Smem;
 
 /// How far one side of the block (the producer, or a consumer) has come
@@ -59,11 +60,14 @@ impl Loads {
         self.q_tiles & 1
     }
 
-    /// Past a tile of `key_blocks` key blocks (at least one).
+    /// Past `tile`, whose loads (none when it has no key block) are done
+    /// or issued.
     #[inline(always)]
-    pub fn advance(&mut self, key_blocks: u32) {
-        self.key_blocks += key_blocks;
-        self.q_tiles += 1;
+    pub fn advance(&mut self, tile: &HopperTile) {
+        if tile.key_blocks() > 0 {
+            self.key_blocks += tile.key_blocks();
+            self.q_tiles += 1;
+        }
     }
 }
 

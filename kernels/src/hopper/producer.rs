@@ -41,9 +41,7 @@ pub unsafe fn load_tiles<
     let mut loads = Loads::default();
     for tile in order.tiles::<BN, CAUSAL, GENERAL>(&p.forward) {
         load_tile(smem, &tile, &loads, p.tensor_maps, p.forward.heads_per_kv);
-        if tile.key_blocks() > 0 {
-            loads.advance(tile.key_blocks());
-        }
+        loads.advance(&tile);
     }
 }
 
