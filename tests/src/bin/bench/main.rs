@@ -115,6 +115,21 @@ impl Shape {
 
     /// Heads per call: hidden 2048 (rounded down where d does not divide it)
     /// unless `--heads` said.
+    /// The shape's JSON fields, for a row of `--out`: dtype, layout, head
+    /// dim, causal, seqlen, batch and heads.
+    fn json_fields(&self) -> String {
+        format!(
+            "\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{}",
+            self.dtype,
+            if self.heads_major { "bhsd" } else { "bshd" },
+            self.head_dim,
+            self.causal,
+            self.seqlen,
+            self.batch(),
+            self.heads()
+        )
+    }
+
     fn heads(&self) -> usize {
         self.heads.unwrap_or(2048 / self.head_dim)
     }
@@ -602,14 +617,8 @@ fn prefill_rows(
         if let Some(f) = out.as_mut() {
             writeln!(
                 f,
-                "{{\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}{}}}",
-                shape.dtype,
-                if shape.heads_major { "bhsd" } else { "bshd" },
-                head_dim,
-                causal,
-                seqlen,
-                shape.batch(),
-                shape.heads(),
+                "{{{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}{}}}",
+                shape.json_fields(),
                 measured.tflops,
                 ceiling,
                 measured.json_fields("")
@@ -656,13 +665,8 @@ fn backward_rows(
         if let Some(f) = out.as_mut() {
             writeln!(
                 f,
-                "{{\"kind\":\"backward\",\"dtype\":\"{}\",\"layout\":\"bshd\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{},\"tflops\":{:.3}{}}}",
-                dtype,
-                head_dim,
-                causal,
-                seqlen,
-                shape.batch(),
-                shape.heads(),
+                "{{\"kind\":\"backward\",{},\"tflops\":{:.3}{}}}",
+                shape.json_fields(),
                 measured.tflops,
                 measured.json_fields("")
             )?;
