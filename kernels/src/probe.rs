@@ -35,6 +35,8 @@ pub mod input {
     pub const FMA: usize = 19;
     /// `lo`, `hi` f32 to pack.
     pub const PACK: usize = 22;
+    /// The word `atom.global.add.u32` adds to, and what it adds.
+    pub const ATOM: usize = 24;
 }
 
 /// Where each result sits among a lane's output words.
@@ -56,6 +58,10 @@ pub mod output {
     /// `vote.sync.any` of "the low 6 bits of the lane's shuffle input are
     /// 0" (true in about 40% of random warps), as 1 or 0.
     pub const VOTE_ANY: usize = 37;
+    /// What `atom.global.add.u32` returned, and the word it added to (the
+    /// lane's own, so that no lanes contend).
+    pub const ATOM_OLD: usize = 38;
+    pub const ATOM_SUM: usize = 39;
 }
 
 /// The word of the shared-memory image that lane `lane` loads with
@@ -119,4 +125,6 @@ pub unsafe fn probe_primitives(input: *const u32, output: *mut u32) {
     put(output::PACK_BF16, arch::pack_bf16x2(float(input::PACK), float(input::PACK + 1)));
     put(output::LD_SHARED, arch::ld_shared_u32(smem + 4 * ld_shared_word(lane)));
     put(output::VOTE_ANY, arch::any_sync(float(input::SHUFFLE).to_bits() & 63 == 0) as u32);
+    put(output::ATOM_SUM, word(input::ATOM));
+    put(output::ATOM_OLD, arch::atom_global_add_u32(out.add(output::ATOM_SUM), word(input::ATOM + 1)));
 }

@@ -83,6 +83,9 @@ fn random_probe_input(rng: &mut impl Rng, bf16_operands: bool, specials: bool) -
             let x = rng.gen_range(-1.0f32..1.0) * 2f32.powi(rng.gen_range(-30..20));
             w[lane_input(lane, input::PACK + i)] = x.to_bits();
         }
+        // Sums that wrap past u32::MAX as often as not.
+        w[lane_input(lane, input::ATOM)] = rng.gen();
+        w[lane_input(lane, input::ATOM + 1)] = rng.gen();
     }
     quads
 }
@@ -199,7 +202,8 @@ fn primitives_match_the_gpu() {
         for lane in 0..32 {
             let exact_fields = (output::LDMATRIX..output::LDMATRIX + 8)
                 .chain(output::SHUFFLE..output::SHUFFLE + 5)
-                .chain([output::FMA, output::PACK_F16, output::PACK_BF16, output::LD_SHARED, output::VOTE_ANY]);
+                .chain([output::FMA, output::PACK_F16, output::PACK_BF16, output::LD_SHARED, output::VOTE_ANY])
+                .chain([output::ATOM_OLD, output::ATOM_SUM]);
             for i in exact_fields {
                 let (g, e) = (gpu_out[lane_output(lane, i)], emu_out[lane_output(lane, i)]);
                 let both_nan = f32::from_bits(g).is_nan() && f32::from_bits(e).is_nan() && i == output::FMA;

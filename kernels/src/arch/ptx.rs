@@ -373,6 +373,18 @@ pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
     asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack));
 }
 
+/// `atom.global.add.u32`: adds `value` to the u32 at `ptr` atomically
+/// (relaxed, GPU scope) and returns what it held before.
+///
+/// # Safety
+/// `ptr` must point to a writable, 4-byte aligned u32 of global memory.
+#[inline(always)]
+pub unsafe fn atom_global_add_u32(ptr: *mut u32, value: u32) -> u32 {
+    let old: u32;
+    asm!("atom.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack));
+    old
+}
+
 /// `st.global.b32`.
 ///
 /// # Safety

@@ -235,6 +235,9 @@ fn global_stores_outside_or_into_read_only_memory_are_reported() {
     expect_fault(past_end, FaultKind::GlobalOutOfBounds, &["st.global.f32", "thread 16", "past the end of 'out'"]);
     let read_only = run_block(1, 0, &regions, |_| unsafe { arch::st_global_f32(input_ptr, 1.0) });
     expect_fault(read_only, FaultKind::GlobalReadOnly, &["'input', which is read-only"]);
+    let counter_ptr = input_ptr.cast::<u32>();
+    let atomic = run_block(1, 0, &regions, |_| unsafe { arch::atom_global_add_u32(counter_ptr, 1) });
+    expect_fault(atomic, FaultKind::GlobalReadOnly, &["atom.global.add.u32", "'input', which is read-only"]);
 }
 
 #[test]

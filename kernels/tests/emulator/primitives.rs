@@ -424,6 +424,36 @@ fn special_registers_and_global_stores() {
     assert!(out.iter().enumerate().all(|(i, &v)| v == i as f32));
 }
 
+/// `atom.global.add.u32` from every thread of several blocks (each on an
+/// OS thread of its own): each add returns a different earlier value, so
+/// the values returned are every count from 0 once, and the word ends at
+/// the sum; adds wrap past `u32::MAX`.
+#[test]
+fn atom_add_returns_each_earlier_count_once() {
+    use flash_attn_kernels::emu::{launch, LaunchConfig};
+    let (grid, threads) = ([4u32, 1, 1], 96u32);
+    let adds = (grid[0] * threads) as usize;
+    let mut counter = [0u32, u32::MAX - 1];
+    let mut olds = vec![u32::MAX; adds];
+    let (counter_ptr, olds_ptr) = (counter.as_mut_ptr(), olds.as_mut_ptr());
+    let regions = [GlobalRegion::writable("counter", &mut counter), GlobalRegion::writable("olds", &mut olds)];
+    let config = LaunchConfig::new(grid, threads, 0);
+    unsafe {
+        launch(&config, &regions, || {
+            let index = arch::block_idx_x() * threads + arch::thread_idx_x();
+            let old = arch::atom_global_add_u32(counter_ptr, 1);
+            arch::st_global_u32(olds_ptr.add(index as usize), old);
+            if index == 0 {
+                arch::atom_global_add_u32(counter_ptr.add(1), 3);
+            }
+        })
+    }
+    .unwrap();
+    olds.sort_unstable();
+    assert!(olds.iter().enumerate().all(|(i, &old)| old == i as u32), "{olds:?}");
+    assert_eq!(counter, [adds as u32, 1]);
+}
+
 /// The probe kernel of the GPU cross-check (tests/tests/emulator_crosscheck.rs)
 /// runs in the emulator without a fault and writes every output word, with
 /// the shuffles and packs giving what their plain models say.
@@ -459,7 +489,7 @@ fn the_gpu_cross_check_probe_runs_in_the_emulator() {
     .expect("the probe runs in the emulator");
     let (input_words, output_words) = (input_words as &[u32], output_words as &[u32]);
     for lane in 0..32 {
-        for i in 0..=output::LD_SHARED {
+        for i in 0..=output::ATOM_SUM {
             assert_ne!(output_words[lane * LANE_OUTPUT_WORDS + i], 0xdead_beef, "lane {lane} word {i} not written");
         }
         for (j, mask) in [1, 2, 4, 8, 16].into_iter().enumerate() {
@@ -479,6 +509,10 @@ fn the_gpu_cross_check_probe_runs_in_the_emulator() {
             output_words[lane * LANE_OUTPUT_WORDS + output::LD_SHARED],
             input_words[probe::ld_shared_word(lane as u32) as usize]
         );
+        // The atomic returns the word it found and leaves the wrapping sum.
+        let (word, add) = (input_words[lane_word(lane, input::ATOM)], input_words[lane_word(lane, input::ATOM + 1)]);
+        assert_eq!(output_words[lane * LANE_OUTPUT_WORDS + output::ATOM_OLD], word);
+        assert_eq!(output_words[lane * LANE_OUTPUT_WORDS + output::ATOM_SUM], word.wrapping_add(add));
     }
 }
 

@@ -383,6 +383,33 @@ pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
     })
 }
 
+/// `atom.global.add.u32`: adds `value` to the u32 at `ptr` atomically
+/// (wrapping, as blocks on other OS threads may add to the same address)
+/// and returns what it held before.
+///
+/// # Safety
+/// `ptr` must point to a writable, 4-byte aligned u32 of global memory.
+#[track_caller]
+pub unsafe fn atom_global_add_u32(ptr: *mut u32, value: u32) -> u32 {
+    let site = Location::caller();
+    context::with(|t| {
+        let access = Access {
+            instruction: "atom.global.add.u32",
+            site,
+            thread: t.tid,
+            addr: ptr as usize,
+            len: 4,
+            align: 4,
+            write: true,
+        };
+        t.ok(t.block.global.check(&access));
+        // SAFETY: a registered writable allocation, 4-byte aligned (checked
+        // above); every emulated access to it that may race is this atomic.
+        let cell = unsafe { &*(ptr as *const AtomicU32) };
+        cell.fetch_add(value, Ordering::Relaxed)
+    })
+}
+
 /// `st.global.b32`.
 ///
 /// # Safety
