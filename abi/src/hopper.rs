@@ -61,6 +61,9 @@ pub struct HopperSmem {
     /// The mbarriers, 8 bytes each: Q full, Q empty, then per stage K
     /// full, K empty, V full, V empty.
     pub barriers: u32,
+    /// The index of the block's current tile, which the producer hands the
+    /// consumers with its Q (4 bytes of 8; Q's barriers guard it).
+    pub tile_slot: u32,
     pub end: u32,
 }
 
@@ -80,7 +83,8 @@ impl HopperConfig {
         let k = q_bytes;
         let v = k + self.stages * kv_stage_bytes;
         let barriers = v + self.stages * kv_stage_bytes;
-        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, end: barriers + 8 * (2 + 4 * self.stages) }
+        let tile_slot = barriers + 8 * (2 + 4 * self.stages);
+        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, tile_slot, end: tile_slot + 8 }
     }
 
     /// Dynamic shared memory: the layout plus what aligning its base may take.
@@ -134,6 +138,20 @@ pub struct HopperParams {
     pub query_blocks: u32,
     pub tiles: u32,
     pub blocks: u32,
+    /// The call's tile counter, a zeroed u32 in global memory: a block
+    /// past its first tile (its index) takes the next of the call's tiles
+    /// no block has taken, `blocks + atomicAdd(counter, 1)`. Null: block
+    /// `b` takes tiles `b, b + blocks, ...` instead.
+    pub tile_counter: *mut u32,
+}
+
+/// What the host uploads to an sm_90a call's scratch before the launch, in
+/// one copy: the tensor maps of q, k and v, and the zeroed tile counter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HopperScratch {
+    pub tensor_maps: [TensorMap; 3],
+    pub tile_counter: u32,
 }
 
 /// One sm_90a attention kernel.

@@ -15,6 +15,7 @@
 //! (default fixed) change the run.
 
 use std::collections::HashMap;
+use std::mem::offset_of;
 
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -32,6 +33,7 @@ use crate::{
     MAX_SPLITS,
 };
 use flash_attn_abi::backward::{BackwardParams, BACKWARD_BLOCK_M, BACKWARD_BLOCK_N, ROW_KERNEL_ROWS};
+use flash_attn_abi::hopper::HopperScratch;
 use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::ForwardParams;
 use flash_attn_abi::params::{COMBINE_COLUMNS, COMBINE_WARPS};
@@ -1540,8 +1542,18 @@ fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
         return m.check(false, || format!("the sm_90a kernel got {:?}", launch.args));
     };
     let a = params.forward;
-    m.check(params.tensor_maps as u64 == SCRATCH + plan.scratch.tensor_maps as u64, || "tensor maps".into());
-    m.check(plan.scratch.tensor_maps + 3 * 128 <= plan.scratch.bytes, || "tensor maps past the scratch".into());
+    // The uploaded maps and counter, in the scratch; the counter where the
+    // plan says.
+    let uploaded = SCRATCH + plan.scratch.hopper as u64;
+    m.check(params.tensor_maps as u64 == uploaded, || "tensor maps".into());
+    m.check(plan.scratch.hopper + size_of::<HopperScratch>() <= plan.scratch.bytes, || {
+        "the sm_90a scratch past the scratch".into()
+    });
+    let counter = uploaded + offset_of!(HopperScratch, tile_counter) as u64;
+    m.check(params.tile_counter.is_null() != h.tile_counter, || {
+        format!("tile counter {:?} where the plan says {}", params.tile_counter, h.tile_counter)
+    });
+    m.check(params.tile_counter.is_null() || params.tile_counter as u64 == counter, || "tile counter".into());
     m.check(a.num_splits == 1 && plan.combine_blocks == 0, || "a split sm_90a plan".into());
     let (batch, heads, d) = (a.batch as i128, a.heads_q as i128, h.kernel.head_dim as i128);
     let grid = h.grid.map(i128::from);

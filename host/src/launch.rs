@@ -3,6 +3,8 @@
 
 use std::ffi::c_void;
 
+use flash_attn_abi::hopper::HopperScratch;
+
 use crate::driver::{check, driver, encode_tensor_map, CUfunction, CUstream};
 use crate::error::Result;
 use crate::module::KernelModule;
@@ -23,8 +25,9 @@ pub(crate) fn launch(
         upload_async(base + plan.scratch.seqused_k as u64, &plan.upload, stream)?;
     }
     if let Some(hopper) = &plan.hopper {
-        let maps = hopper.maps.iter().map(encode_tensor_map).collect::<Result<Vec<_>>>()?;
-        upload_async(base + plan.scratch.tensor_maps as u64, &maps, stream)?;
+        let [q, k, v] = hopper.maps.each_ref().map(encode_tensor_map);
+        let uploaded = HopperScratch { tensor_maps: [q?, k?, v?], tile_counter: 0 };
+        upload_async(base + plan.scratch.hopper as u64, &[uploaded], stream)?;
     }
     run_launches(module, &plan.launches(outputs, base), stream)
 }

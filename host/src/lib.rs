@@ -180,6 +180,6 @@ pub mod pipeline {
         OutputBuffers, TableArg,
     };
     pub use flash_attn_abi::backward::BackwardParams;
-    pub use flash_attn_abi::hopper::HopperParams;
+    pub use flash_attn_abi::hopper::{HopperParams, HopperScratch};
     pub use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams};
 }

@@ -10,7 +10,11 @@ use flash_attn_abi::backward::{
     ROW_KERNEL_THREADS,
 };
 use flash_attn_abi::config::MAX_ROW_STRIDE;
-use flash_attn_abi::hopper::{hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
+use std::mem::offset_of;
+
+use flash_attn_abi::hopper::{
+    hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, HOPPER_BLOCK_M, SLAB_COLUMNS,
+};
 use flash_attn_abi::kernels::{
     attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
 };
@@ -190,17 +194,17 @@ pub struct ScratchLayout {
     pub lse_partial: usize,
     /// `o_partial`, f32 `[num_splits, batch, heads_q, seqlen_q, head_dim]`.
     pub o_partial: usize,
-    /// The sm_90a kernel's tensor maps of q, k and v (3 x 128 bytes; none
-    /// on the portable kernels).
-    pub tensor_maps: usize,
+    /// The sm_90a kernel's [`HopperScratch`]: the tensor maps of q, k and
+    /// v and the tile counter (none on the portable kernels).
+    pub hopper: usize,
     /// The whole scratch; 0 when the call needs none.
     pub bytes: usize,
 }
 
 impl ScratchLayout {
     /// Room for `seqused_len` i32, with more than one split the partials,
-    /// and `tensor_maps` tensor maps.
-    fn new(args: &ForwardParams, head_dim: usize, seqused_len: usize, tensor_maps: usize) -> Result<Self> {
+    /// and for an sm_90a kernel (`hopper`) its [`HopperScratch`].
+    fn new(args: &ForwardParams, head_dim: usize, seqused_len: usize, hopper: bool) -> Result<Self> {
         let overflow =
             || Error::TooLarge { what: "split-KV scratch bytes", value: usize::MAX, max: isize::MAX as usize };
         let round = |n: usize| n.checked_next_multiple_of(SCRATCH_ALIGN).ok_or_else(overflow);
@@ -220,12 +224,13 @@ impl ScratchLayout {
         }
         let lse_partial = seqused_bytes;
         let o_partial = lse_partial + lse_bytes;
-        let maps = o_partial.checked_add(o_bytes).ok_or_else(overflow)?;
-        let bytes = maps.checked_add(round(tensor_maps * size_of::<TensorMap>())?).ok_or_else(overflow)?;
+        let hopper_at = o_partial.checked_add(o_bytes).ok_or_else(overflow)?;
+        let hopper_bytes = if hopper { round(size_of::<HopperScratch>())? } else { 0 };
+        let bytes = hopper_at.checked_add(hopper_bytes).ok_or_else(overflow)?;
         if bytes > isize::MAX as usize {
             return Err(overflow());
         }
-        Ok(ScratchLayout { seqused_k: 0, lse_partial, o_partial, tensor_maps: maps, bytes })
+        Ok(ScratchLayout { seqused_k: 0, lse_partial, o_partial, hopper: hopper_at, bytes })
     }
 }
 
@@ -276,6 +281,10 @@ pub struct HopperLaunch {
     /// The call's query blocks and tiles ([`hopper_tiles`]).
     pub query_blocks: u32,
     pub tiles: u32,
+    /// Whether the blocks take their tiles after the first off the call's
+    /// tile counter ([`HopperParams::tile_counter`]) rather than every
+    /// grid-th.
+    pub tile_counter: bool,
 }
 
 /// The addresses of a call's outputs.
@@ -334,7 +343,9 @@ impl Plan {
         }
         if let Some(hopper) = &self.hopper {
             let config = hopper.kernel.config;
-            let tensor_maps = (scratch + self.scratch.tensor_maps as u64) as *const TensorMap;
+            let at = scratch + self.scratch.hopper as u64;
+            let tensor_maps = (at + offset_of!(HopperScratch, tensor_maps) as u64) as *const TensorMap;
+            let counter = at + offset_of!(HopperScratch, tile_counter) as u64;
             launches.push(Launch {
                 kernel: Kernel::Hopper(hopper.kernel),
                 grid: hopper.grid,
@@ -346,6 +357,7 @@ impl Plan {
                     query_blocks: hopper.query_blocks,
                     tiles: hopper.tiles,
                     blocks: hopper.grid[0],
+                    tile_counter: if hopper.tile_counter { counter as *mut u32 } else { std::ptr::null_mut() },
                 }),
             });
             return launches;
@@ -510,9 +522,6 @@ pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPla
     })
 }
 
-/// The most keys of a call whose sm_90a tiles go to persistent blocks.
-const PERSISTENT_MAX_KEYS: usize = 2048;
-
 /// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,
 /// if the call is one those kernels take: dense sequences, no split asked
 /// for, a head dim and element type of the table, more query rows than a
@@ -574,18 +583,19 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
         return None;
     }
     let (query_blocks, tiles) = hopper_tiles(p.seqlen_q, p.heads_q, p.batch)?;
-    // Short tiles that all cost the same (no mask) go to persistent
-    // blocks, one per SM, each taking every grid-th tile: a tile's loads
-    // then overlap the last tile's epilogue. Other tiles get one block
-    // each, which the GPU hands out as SMs free up: masked tiles differ in
-    // cost, and over long key ranges the persistent blocks measured slower
-    // (docs/hopper.md).
-    let persistent = variant == Variant::Full && p.seqlen_k <= PERSISTENT_MAX_KEYS;
+    // Unmasked and causal tiles go to persistent blocks, one per SM, so
+    // that a tile's loads overlap the last tile's epilogue. Unmasked tiles
+    // all cost the same: block b takes every grid-th. Causal tiles differ:
+    // a block takes the next tile no block has taken (the tile counter),
+    // heaviest first. Windowed and modified tiles get one block each,
+    // which the GPU hands out as SMs free up (docs/hopper.md).
+    let persistent = matches!(variant, Variant::Full | Variant::Causal);
     let grid_x = if persistent { tiles.min(u32::try_from(sm_count.max(1)).unwrap_or(u32::MAX)) } else { tiles };
     if grid_x > i32::MAX as u32 {
         return None;
     }
-    Some(HopperLaunch { kernel, grid: [grid_x, 1, 1], maps, query_blocks, tiles })
+    let tile_counter = variant == Variant::Causal && grid_x < tiles;
+    Some(HopperLaunch { kernel, grid: [grid_x, 1, 1], maps, query_blocks, tiles, tile_counter })
 }
 
 /// Plans `call` on the sm_80 kernels ([`plan_for`] with [`KernelFamily::Sm80`]).
@@ -649,7 +659,7 @@ pub fn plan_for(call: &Call, wave: impl Fn(&AttentionKernel) -> usize, family: K
         _ => Vec::new(),
     };
     // First: it bounds the partial rows, which the merge counts below.
-    let scratch = ScratchLayout::new(&args, head_dim, upload.len(), if hopper.is_some() { 3 } else { 0 })?;
+    let scratch = ScratchLayout::new(&args, head_dim, upload.len(), hopper.is_some())?;
     let mut combine_blocks = 0;
     if num_splits > 1 {
         let merged_rows = rows * heads_q * batch;
@@ -822,14 +832,22 @@ mod tests {
     fn sm90a_plans_take_dense_calls_and_leave_the_rest_to_sm80() {
         let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
         let hopper = |c: &Call| sm90a(c).hopper.map(|h| (h.kernel.name, h.grid));
+        let counted = |c: &Call| sm90a(c).hopper.map(|h| h.tile_counter);
         let dense = call(2, 1000, 1000, 8, 2, 128);
         // 128 tiles (8 query blocks, 8 heads, 2 batches): one persistent block each.
         assert_eq!(hopper(&dense), Some(("flash_fwd_sm90_d128_f16_full", [128, 1, 1])));
-        // More tiles than SMs: one block per SM.
-        assert_eq!(hopper(&call(4, 1000, 1000, 8, 2, 128)).map(|h| h.1), Some([132, 1, 1]));
-        // Causal tiles, and tiles over more than 2048 keys: one block each.
-        assert_eq!(hopper(&causal(call(4, 1000, 1000, 8, 2, 128))).map(|h| h.1), Some([256, 1, 1]));
-        assert_eq!(hopper(&call(4, 1000, 3000, 8, 2, 128)).map(|h| h.1), Some([256, 1, 1]));
+        assert_eq!(counted(&causal(dense.clone())), Some(false));
+        // More tiles than SMs, unmasked or causal, over any keys: one block
+        // per SM; causal ones count their tiles.
+        for c in [call(4, 1000, 1000, 8, 2, 128), call(4, 1000, 30000, 8, 2, 128)] {
+            assert_eq!((hopper(&c).map(|h| h.1), counted(&c)), (Some([132, 1, 1]), Some(false)));
+            let c = causal(c);
+            assert_eq!((hopper(&c).map(|h| h.1), counted(&c)), (Some([132, 1, 1]), Some(true)));
+        }
+        // Windowed tiles: one block each.
+        let windowed_long =
+            Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..call(4, 1000, 1000, 8, 2, 128) };
+        assert_eq!((hopper(&windowed_long).map(|h| h.1), counted(&windowed_long)), (Some([256, 1, 1]), Some(false)));
         assert_eq!(hopper(&causal(dense.clone())).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_causal"));
         let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..dense.clone() };
         assert_eq!(hopper(&windowed).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
@@ -844,7 +862,7 @@ mod tests {
         assert_eq!(launch.maps[1].global_dims[..4], [128, 1000, 2, 2]);
         // Its scratch holds the three maps and nothing else: it runs unsplit.
         let plan = sm90a(&dense);
-        assert_eq!(plan.scratch.bytes, (3 * size_of::<TensorMap>()).next_multiple_of(SCRATCH_ALIGN));
+        assert_eq!(plan.scratch.bytes, size_of::<HopperScratch>().next_multiple_of(SCRATCH_ALIGN));
         assert_eq!((plan.args.num_splits, plan.combine_blocks), (1, 0));
         // The split heuristic would split this small grid on sm_80.
         assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().args.num_splits > 1);

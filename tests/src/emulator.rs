@@ -13,8 +13,8 @@ use std::marker::PhantomData;
 
 use flash_attn::cust::memory::DeviceCopy;
 use flash_attn::pipeline::{
-    plan_backward, plan_for, BackwardCall, BackwardPlan, Call, KernelArgs, KernelFamily, Launch, OutputAddrs, Outputs,
-    Plan,
+    plan_backward, plan_for, BackwardCall, BackwardPlan, Call, HopperScratch, KernelArgs, KernelFamily, Launch,
+    OutputAddrs, Outputs, Plan,
 };
 use flash_attn::reference::{self, ReferenceProblem};
 use flash_attn::{AttentionKernel, AttentionParams, DeviceView, Kernel, Layout, Placed};
@@ -239,6 +239,7 @@ impl<'a> Memory<'a> {
     fn regions(&self, launch: &Launch, scratch: &Scratch) -> Vec<GlobalRegion> {
         let split_attention = matches!(launch.args, KernelArgs::Forward(a) if a.num_splits > 1);
         let backward = matches!(launch.args, KernelArgs::Backward(_));
+        let counts_tiles = matches!(launch.args, KernelArgs::Hopper(h) if !h.tile_counter.is_null());
         let writes = |role| match (launch.kernel, role) {
             (_, Role::Input) => false,
             (Kernel::Append, role) => role == Role::Cache,
@@ -253,7 +254,12 @@ impl<'a> Memory<'a> {
             self.buffers.iter().map(|&(region, role)| GlobalRegion { writable: writes(role), ..region }).collect();
         if scratch.bytes > 0 {
             let (base, len) = (scratch.addr() as usize, scratch.bytes);
-            regions.push(GlobalRegion { name: "scratch", base, len, writable: split_attention || backward });
+            regions.push(GlobalRegion {
+                name: "scratch",
+                base,
+                len,
+                writable: split_attention || backward || counts_tiles,
+            });
         }
         regions
     }
@@ -345,8 +351,8 @@ pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -
         scratch.write(plan.scratch.seqused_k, &plan.upload);
     }
     if let Some(hopper) = &plan.hopper {
-        let maps = hopper.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
-        scratch.write(plan.scratch.tensor_maps, &maps);
+        let tensor_maps = hopper.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
+        scratch.write(plan.scratch.hopper, &[HopperScratch { tensor_maps, tile_counter: 0 }]);
     }
     let scratch_addr = if plan.scratch.bytes > 0 { scratch.addr() } else { 0 };
     for launch in plan.launches(OutputAddrs { o: o.addr, lse }, scratch_addr) {

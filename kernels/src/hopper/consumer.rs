@@ -1,5 +1,5 @@
-//! A consumer warpgroup: 64 query rows of each of the block's tiles
-//! through every key block, then the epilogue.
+//! A consumer warpgroup: 64 query rows of each tile the producer hands
+//! over with its Q, through every key block, then the epilogue.
 //!
 //! Per key block `i`: wait for K, issue `S = Q K^T` (`D / 16` `wgmma`s
 //! from shared memory); wait for V of block `i - 1` and issue its `O += P
@@ -8,8 +8,8 @@
 //! registers while the tensor cores still work on `O += P V` (FlashAttention-3's
 //! intra-warpgroup overlap); then wait for that, release V, and rescale O
 //! where the row maxima moved. After the last block's scores the consumer
-//! releases Q (the producer loads the next tile's); the last block's `O +=
-//! P V` ends the tile.
+//! releases Q and the tile slot (the producer hands over the next tile and
+//! loads its Q); the last block's `O += P V` ends the tile.
 //!
 //! The two consumers take turns at issuing their `wgmma`s ([`GemmTurns`],
 //! FlashAttention-3's ping-pong): each turn issues one block's GEMMs, so
@@ -25,7 +25,7 @@
 
 use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M};
 
-use super::scheduler::{HopperTile, TileOrder};
+use super::scheduler::{self, HopperTile, TileOrder};
 use super::smem::Smem;
 use super::Loads;
 use crate::arch::{self, WgmmaAccumulator};
@@ -45,9 +45,9 @@ fn as_tiles<const R: usize, const TILES: usize>(acc: &mut WgmmaAccumulator<R>) -
     unsafe { &mut *(regs as *mut [f32; R]).cast::<Accumulators<1, TILES>>() }
 }
 
-/// Computes consumer `group`'s 64 rows of each tile the block takes
-/// (`thread` is the thread's index in its warpgroup) and writes their O
-/// and LSE.
+/// Computes consumer `group`'s 64 rows of each tile the producer hands
+/// over (`thread` is the thread's index in its warpgroup) and writes their
+/// O and LSE.
 ///
 /// # Safety
 /// As [`super::hopper_forward`]; both consumer warpgroups call it.
@@ -73,7 +73,12 @@ pub unsafe fn compute_tiles<
     let (p, order) = (&params.forward, TileOrder::of(params));
     let turns = GemmTurns::new(group);
     let mut loads = Loads::default();
-    for tile in order.tiles::<BN, CAUSAL, GENERAL>(p) {
+    loop {
+        let index = scheduler::take(smem, loads.q_parity());
+        if index >= order.tiles() {
+            break;
+        }
+        let tile = order.tile::<BN, CAUSAL, GENERAL>(p, index);
         compute_tile::<E, D, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
             p, smem, &tile, &turns, &loads, group, thread,
         );
@@ -83,7 +88,8 @@ pub unsafe fn compute_tiles<
 }
 
 /// Computes consumer `group`'s 64 rows of `tile`, `loads` into the
-/// block's loads, and writes their O and LSE.
+/// block's loads, and writes their O and LSE; Q's full barrier has
+/// completed the tile's phase.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_tile<
@@ -115,8 +121,10 @@ unsafe fn compute_tile<
     let mut o = WgmmaAccumulator::<O_REGS>::new([0.0; O_REGS]);
     let mut softmax = OnlineSoftmax::<1>::new();
     let blocks = tile.key_blocks();
-    if blocks > 0 {
-        arch::mbarrier_wait_parity(smem.q_full(), loads.q_parity());
+    if blocks == 0 {
+        // No Q to read: the tile slot only, which this thread has read.
+        arch::mbarrier_arrive(smem.q_empty());
+    } else {
         // Block 0: its scores alone, then its probabilities.
         let (first, first_parity) = loads.stage::<STAGES>(0);
         arch::mbarrier_wait_parity(smem.k_full(first), first_parity);
@@ -169,8 +177,9 @@ unsafe fn compute_tile<
             }
         }
         // Every `S = Q K^T` of the tile has completed: the producer may
-        // load the next tile's Q.
-        release(lane, smem.q_empty());
+        // load the next tile's Q. Each thread arrives, after its own read
+        // of the tile slot.
+        arch::mbarrier_arrive(smem.q_empty());
         let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
         turns.begin();

@@ -1,16 +1,16 @@
 //! The sm_90a forward kernels (issue 29), in the design FlashAttention-3
 //! published: warp specialization over TMA and `wgmma`.
 //!
-//! A block computes one or more tiles (128 query rows of one head) in the
-//! order [`scheduler`] gives: persistent blocks, one per SM, take several,
-//! so that one tile's loads run during the previous tile's last GEMMs and
+//! A block computes one or more tiles (128 query rows of one head), which
+//! [`scheduler`] picks: persistent blocks, one per SM, take several, so
+//! that one tile's loads run during the previous tile's last GEMMs and
 //! epilogue. A block is three warpgroups:
 //!
 //! - warpgroup 0, the producer ([`producer`]), gives its registers to the
-//!   consumers (`setmaxnreg`) and one thread issues every TMA load: each
-//!   tile's Q (once the consumers released the last one), then each key
-//!   block's K and V into a ring of stages, each stage guarded by a full
-//!   and an empty mbarrier;
+//!   consumers (`setmaxnreg`) and one thread picks the tiles and issues
+//!   every TMA load: each tile's Q with the tile's index (once the
+//!   consumers released the last Q), then each key block's K and V into a
+//!   ring of stages, each stage guarded by a full and an empty mbarrier;
 //! - warpgroups 1 and 2, the consumers ([`consumer`]), own 64 rows each:
 //!   per key block `S = Q K^T` by `wgmma` from shared memory, the mask and
 //!   the online softmax in registers, `O += P V` by `wgmma` with P from
@@ -34,14 +34,14 @@ use scheduler::HopperTile;
 use smem::Smem;
 
 /// How far one side of the block (the producer, or a consumer) has come
-/// through the block's loads, over every tile it has taken: the key blocks
-/// and the Q tiles loaded so far. Both sides count alike (a tile without
-/// key blocks loads nothing), so they agree on each load's stage and
-/// barrier phase.
+/// through the block's tiles: the tiles handed over, each one phase of Q's
+/// barriers (a tile without key blocks too, though it loads no Q), and the
+/// key blocks loaded. Both sides count alike, so they agree on each
+/// barrier phase and each load's stage.
 #[derive(Clone, Copy, Default)]
 pub struct Loads {
+    pub tiles: u32,
     pub key_blocks: u32,
-    pub q_tiles: u32,
 }
 
 impl Loads {
@@ -57,17 +57,14 @@ impl Loads {
     /// The parity of the phase of the Q barriers for the current tile.
     #[inline(always)]
     pub fn q_parity(&self) -> u32 {
-        self.q_tiles & 1
+        self.tiles & 1
     }
 
-    /// Past `tile`, whose loads (none when it has no key block) are done
-    /// or issued.
+    /// Past `tile`, whose loads are done or issued.
     #[inline(always)]
     pub fn advance(&mut self, tile: &HopperTile) {
-        if tile.key_blocks() > 0 {
-            self.key_blocks += tile.key_blocks();
-            self.q_tiles += 1;
-        }
+        self.tiles += 1;
+        self.key_blocks += tile.key_blocks();
     }
 }
 

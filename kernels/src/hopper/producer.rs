@@ -1,4 +1,5 @@
-//! The producer: one thread of warpgroup 0 issues the block's TMA loads.
+//! The producer: one thread of warpgroup 0 picks the block's tiles
+//! ([`scheduler`]), hands each to the consumers and issues its TMA loads.
 //!
 //! Per tile, Q lands on its full mbarrier once the consumers have released
 //! the previous tile's Q (its empty barrier). The block's key blocks, over
@@ -14,12 +15,13 @@
 use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
 use flash_attn_abi::sm90::TensorMap;
 
-use super::scheduler::{HopperTile, TileOrder};
+use super::scheduler::{self, HopperTile, TileOrder};
 use super::smem::Smem;
 use super::Loads;
 use crate::arch;
 
-/// Loads Q and every key block of each tile the block takes.
+/// Picks each tile the block takes, hands it to the consumers with its Q
+/// and loads every key block; at the end, hands over the end.
 ///
 /// # Safety
 /// One thread of the block calls it, after the barriers were initialised;
@@ -39,13 +41,23 @@ pub unsafe fn load_tiles<
     // producer's 24 registers.
     let order = TileOrder::of(p);
     let mut loads = Loads::default();
-    for tile in order.tiles::<BN, CAUSAL, GENERAL>(&p.forward) {
+    let mut index = order.first();
+    loop {
+        scheduler::hand_over(smem, index, loads.q_parity());
+        if index >= order.tiles() {
+            arch::mbarrier_arrive(smem.q_full());
+            return;
+        }
+        let tile = order.tile::<BN, CAUSAL, GENERAL>(&p.forward, index);
         load_tile(smem, &tile, &loads, p.tensor_maps, p.forward.heads_per_kv);
         loads.advance(&tile);
+        index = order.next(index, p.tile_counter);
     }
 }
 
-/// Loads Q and every key block of `tile`, `loads` into the block's loads;
+/// Loads Q and every key block of `tile` (a tile without key blocks: only
+/// the arrival on Q's full barrier, after the tile slot was written),
+/// `loads` into the block's loads;
 /// `maps` are the tensor maps of q, k and v; `heads_per_kv` query heads
 /// share a key/value head.
 #[inline(always)]
@@ -57,6 +69,7 @@ unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
     heads_per_kv: u32,
 ) {
     if tile.key_blocks() == 0 {
+        arch::mbarrier_arrive(smem.q_full());
         return;
     }
     let slabs = Smem::<D, BN, STAGES>::SLABS;
@@ -68,7 +81,6 @@ unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
     let kv_head = (tile.head / heads_per_kv) as i32;
 
     let q_bytes = HOPPER_BLOCK_M * D as u32 * 2;
-    arch::mbarrier_wait_parity(smem.q_empty(), loads.q_parity() ^ 1);
     load_slabs(smem.q_full(), q_bytes, slabs, |slab| smem.q(slab), q_map, [tile.first_row as i32, q_head, batch]);
     let tile_bytes = (BN * D * 2) as u32;
     for i in 0..tile.key_blocks() {

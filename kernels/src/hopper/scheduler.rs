@@ -2,16 +2,21 @@
 //! each block computes, and in what order.
 //!
 //! The host launches one block per tile, or persistent blocks, one per SM
-//! (its planner says where each is used). Block `b` of a grid of `g`
-//! takes tiles `b, b + g, b + 2 g, ...` of the call's tiles, ordered query
-//! block fastest, so that the blocks running at once share a head's K and
-//! V in L2 (across heads, causal tiles read K and V from memory at about
-//! 128 FLOP a byte, below what the tensor cores need). Causal tiles go
-//! from a head's last query block (the rows that see the most keys) to its
-//! first.
+//! (its planner says where each is used). A block's first tile is its
+//! index. The producer picks each next one and hands it to the consumers
+//! through a slot of shared memory ([`hand_over`], [`take`]): with the
+//! call's tile counter, the next tile no block has taken (an atomic add),
+//! so that a block that drew light tiles takes more of them; without it,
+//! the tile a grid further on. Tiles are ordered query block fastest, so
+//! that the blocks running at once share a head's K and V in L2 (across
+//! heads, causal tiles read K and V from memory at about 128 FLOP a byte,
+//! below what the tensor cores need). Causal tiles go from a head's last
+//! query block (the rows that see the most keys) to its first, so that
+//! the light tiles come last and fill in around the heavy ones.
 
 use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M};
 
+use super::smem::Smem;
 use crate::arch;
 use crate::params::ForwardParams;
 use crate::problem::Visibility;
@@ -53,19 +58,37 @@ impl TileOrder {
         TileOrder { query_blocks: p.query_blocks, heads: p.forward.heads_q, tiles: p.tiles, blocks: p.blocks }
     }
 
-    /// The tiles this block takes, in order.
+    /// The tiles of the call: the index past the last is the end.
     #[inline(always)]
-    pub fn tiles<'a, const BN: usize, const CAUSAL: bool, const GENERAL: bool>(
-        &'a self,
-        p: &'a ForwardParams,
-    ) -> BlockTiles<'a, BN, CAUSAL, GENERAL> {
-        BlockTiles { order: self, p, index: arch::block_idx_x() }
+    pub fn tiles(&self) -> u32 {
+        self.tiles
+    }
+
+    /// The block's first tile.
+    #[inline(always)]
+    pub fn first(&self) -> u32 {
+        arch::block_idx_x()
+    }
+
+    /// The block's tile after `index`: with a `counter`, the next of the
+    /// call's tiles no block has taken (the first tiles of the grid's
+    /// blocks taken without it), else the tile a grid further on.
+    ///
+    /// # Safety
+    /// `counter` is null or the call's tile counter ([`HopperParams`]).
+    #[inline(always)]
+    pub unsafe fn next(&self, index: u32, counter: *mut u32) -> u32 {
+        if counter.is_null() {
+            index.saturating_add(self.blocks)
+        } else {
+            self.blocks.saturating_add(arch::atom_global_add_u32(counter, 1))
+        }
     }
 
     /// Tile `index` of the order. The general kernels read the window from
     /// the parameters; the others fix it.
     #[inline(always)]
-    fn tile<const BN: usize, const CAUSAL: bool, const GENERAL: bool>(
+    pub fn tile<const BN: usize, const CAUSAL: bool, const GENERAL: bool>(
         &self,
         p: &ForwardParams,
         index: u32,
@@ -96,24 +119,36 @@ impl TileOrder {
     }
 }
 
-/// The tiles one block takes: [`TileOrder`]'s from the block's index, a
-/// grid apart.
-pub struct BlockTiles<'a, const BN: usize, const CAUSAL: bool, const GENERAL: bool> {
-    order: &'a TileOrder,
-    p: &'a ForwardParams,
+/// The producer hands the block's next tile `index` (past the last: the
+/// end) to the consumers: once they have released the last tile's Q
+/// (`q_parity`, [`super::Loads::q_parity`]), which frees the tile slot
+/// too, it writes the slot. Its arrival on Q's full barrier, with Q's load
+/// or alone (a tile without key blocks, the end), releases the write to
+/// the consumers.
+///
+/// # Safety
+/// The producer's one thread calls it, after the barriers were initialised.
+#[inline(always)]
+pub unsafe fn hand_over<const D: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<D, BN, STAGES>,
     index: u32,
+    q_parity: u32,
+) {
+    arch::mbarrier_wait_parity(smem.q_empty(), q_parity ^ 1);
+    arch::st_shared_u32(smem.tile_slot(), index);
 }
 
-impl<const BN: usize, const CAUSAL: bool, const GENERAL: bool> Iterator for BlockTiles<'_, BN, CAUSAL, GENERAL> {
-    type Item = HopperTile;
-
-    #[inline(always)]
-    fn next(&mut self) -> Option<HopperTile> {
-        if self.index >= self.order.tiles {
-            return None;
-        }
-        let tile = self.order.tile::<BN, CAUSAL, GENERAL>(self.p, self.index);
-        self.index += self.order.blocks;
-        Some(tile)
-    }
+/// A consumer thread takes the tile the producer handed over ([`hand_over`])
+/// once Q's full barrier completes its phase of `q_parity`: the tile's
+/// index, past the last at the end.
+///
+/// # Safety
+/// Every consumer thread calls it, after the barriers were initialised.
+#[inline(always)]
+pub unsafe fn take<const D: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<D, BN, STAGES>,
+    q_parity: u32,
+) -> u32 {
+    arch::mbarrier_wait_parity(smem.q_full(), q_parity);
+    arch::ld_shared_u32(smem.tile_slot())
 }

@@ -60,17 +60,25 @@ impl<const D: usize, const BN: usize, const STAGES: usize> Smem<D, BN, STAGES> {
         self.base + self.layout.v + stage * self.layout.kv_stage_bytes + slab * Self::KV_SLAB_BYTES
     }
 
-    /// The mbarrier that completes when Q has landed.
+    /// The mbarrier that completes when the tile slot is written and the
+    /// tile's Q (if it has key blocks) has landed.
     #[inline(always)]
     pub fn q_full(&self) -> u32 {
         self.base + self.layout.barriers
     }
 
-    /// Completes when every consumer warp is done reading Q (its last
-    /// `S = Q K^T` of the tile has completed).
+    /// Completes when every consumer thread is done reading Q (its warp's
+    /// last `S = Q K^T` of the tile has completed) and the tile slot.
     #[inline(always)]
     pub fn q_empty(&self) -> u32 {
         self.base + self.layout.barriers + 8
+    }
+
+    /// The index of the block's current tile (u32), which Q's barriers
+    /// guard.
+    #[inline(always)]
+    pub fn tile_slot(&self) -> u32 {
+        self.base + self.layout.tile_slot
     }
 
     #[inline(always)]
@@ -104,14 +112,15 @@ impl<const D: usize, const BN: usize, const STAGES: usize> Smem<D, BN, STAGES> {
 
     /// Initialises the mbarriers (one thread, before the block's barrier):
     /// the full ones complete on the producer's one arrival and the bytes
-    /// of its loads, the empty ones on one arrival per consumer warp.
+    /// of its loads, the K and V empty ones on one arrival per consumer
+    /// warp, Q's on one per consumer thread (each reads the tile slot).
     ///
     /// # Safety
     /// The shared memory is the layout's.
     #[inline(always)]
     pub unsafe fn init_barriers(&self) {
         arch::mbarrier_init(self.q_full(), 1);
-        arch::mbarrier_init(self.q_empty(), CONSUMER_WARPS);
+        arch::mbarrier_init(self.q_empty(), CONSUMER_WARPS * 32);
         for stage in 0..STAGES as u32 {
             arch::mbarrier_init(self.k_full(stage), 1);
             arch::mbarrier_init(self.k_empty(stage), CONSUMER_WARPS);
