@@ -350,6 +350,27 @@ pub unsafe fn st_global_f32(ptr: *mut f32, value: f32) {
     store_global(ptr as *mut u8, &value.to_le_bytes(), "st.global.f32", Location::caller());
 }
 
+/// Runs `op` on the 4-byte word at `ptr` as an atomic, once `instruction`'s
+/// access to it at `site` is checked: a writable registered allocation,
+/// 4-byte aligned.
+///
+/// # Safety
+/// `ptr` must point to global memory.
+unsafe fn atomic_global_word<R>(
+    ptr: *mut u8,
+    instruction: &'static str,
+    site: &'static Location<'static>,
+    op: impl FnOnce(&AtomicU32) -> R,
+) -> R {
+    context::with(|t| {
+        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: 4, align: 4, write: true };
+        t.ok(t.block.global.check(&access));
+        // SAFETY: a registered writable allocation, 4-byte aligned (checked
+        // above); every emulated access to it that may race is an atomic.
+        op(unsafe { &*(ptr as *const AtomicU32) })
+    })
+}
+
 /// `red.global.add.f32`: adds `value` to the f32 at `ptr` atomically, as
 /// blocks on other OS threads may add to the same address.
 ///
@@ -357,21 +378,7 @@ pub unsafe fn st_global_f32(ptr: *mut f32, value: f32) {
 /// `ptr` must point to a writable, 4-byte aligned f32 of global memory.
 #[track_caller]
 pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
-    let site = Location::caller();
-    context::with(|t| {
-        let access = Access {
-            instruction: "red.global.add.f32",
-            site,
-            thread: t.tid,
-            addr: ptr as usize,
-            len: 4,
-            align: 4,
-            write: true,
-        };
-        t.ok(t.block.global.check(&access));
-        // SAFETY: a registered writable allocation, 4-byte aligned (checked
-        // above); every emulated access to it that may race is this atomic.
-        let cell = unsafe { &*(ptr as *const AtomicU32) };
+    atomic_global_word(ptr.cast(), "red.global.add.f32", Location::caller(), |cell| {
         let mut old = cell.load(Ordering::Relaxed);
         loop {
             let new = (f32::from_bits(old) + value).to_bits();
@@ -391,21 +398,7 @@ pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
 /// `ptr` must point to a writable, 4-byte aligned u32 of global memory.
 #[track_caller]
 pub unsafe fn atom_global_add_u32(ptr: *mut u32, value: u32) -> u32 {
-    let site = Location::caller();
-    context::with(|t| {
-        let access = Access {
-            instruction: "atom.global.add.u32",
-            site,
-            thread: t.tid,
-            addr: ptr as usize,
-            len: 4,
-            align: 4,
-            write: true,
-        };
-        t.ok(t.block.global.check(&access));
-        // SAFETY: a registered writable allocation, 4-byte aligned (checked
-        // above); every emulated access to it that may race is this atomic.
-        let cell = unsafe { &*(ptr as *const AtomicU32) };
+    atomic_global_word(ptr.cast(), "atom.global.add.u32", Location::caller(), |cell| {
         cell.fetch_add(value, Ordering::Relaxed)
     })
 }
