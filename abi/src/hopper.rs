@@ -35,6 +35,8 @@ pub const SMEM_ALIGN: u32 = 1024;
 /// Consumer warps, each of which releases a K or V stage once its
 /// `wgmma`s reading it are done: the arrival count of the empty barriers.
 pub const CONSUMER_WARPS: u32 = 8;
+/// Threads of both consumer warpgroups.
+pub const CONSUMER_THREADS: u32 = CONSUMER_WARPS * 32;
 
 /// The tile shape of one sm_90a kernel instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

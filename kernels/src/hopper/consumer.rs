@@ -23,7 +23,7 @@
 //! kernels' softmax and mask ([`crate::softmax`]) and P's conversion to A
 //! fragments ([`crate::mma::probabilities_as_a`]) apply to it as they are.
 
-use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M};
+use flash_attn_abi::hopper::{HopperParams, CONSUMER_THREADS, HOPPER_BLOCK_M};
 
 use super::scheduler::{self, HopperTile, TileOrder};
 use super::smem::Smem;
@@ -278,9 +278,6 @@ struct GemmTurns {
 /// The first of the two named barriers of [`GemmTurns`] (0 is the block's
 /// `bar.sync 0`).
 const FIRST_TURN_BARRIER: u32 = 1;
-
-/// The threads of both consumer warpgroups, the count of each turn barrier.
-const CONSUMER_THREADS: u32 = 2 * 128;
 
 impl GemmTurns {
     /// Consumer `group`'s turns; consumer 1 lets consumer 0 go first.

@@ -12,7 +12,9 @@
 //! k-step is 16 keys, 2048 bytes further, and the slabs of the head dim
 //! (N) are the leading byte offset apart.
 
-use flash_attn_abi::hopper::{HopperConfig, HopperSmem, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_ROW_BYTES, SMEM_ALIGN};
+use flash_attn_abi::hopper::{
+    HopperConfig, HopperSmem, CONSUMER_THREADS, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_ROW_BYTES, SMEM_ALIGN,
+};
 use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
 use crate::arch;
@@ -120,7 +122,7 @@ impl<const D: usize, const BN: usize, const STAGES: usize> Smem<D, BN, STAGES> {
     #[inline(always)]
     pub unsafe fn init_barriers(&self) {
         arch::mbarrier_init(self.q_full(), 1);
-        arch::mbarrier_init(self.q_empty(), CONSUMER_WARPS * 32);
+        arch::mbarrier_init(self.q_empty(), CONSUMER_THREADS);
         for stage in 0..STAGES as u32 {
             arch::mbarrier_init(self.k_full(stage), 1);
             arch::mbarrier_init(self.k_empty(stage), CONSUMER_WARPS);
