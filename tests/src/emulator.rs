@@ -235,11 +235,11 @@ impl<'a> Memory<'a> {
 
     /// The regions of one launch: each buffer writable only where its role
     /// says this launch writes it, the scratch only where the launch's
-    /// arguments put split-KV partials (the uploaded lengths are only read).
+    /// arguments put split-KV partials (the uploaded lengths and tensor
+    /// maps are only read), except an sm_90a launch's tile counter.
     fn regions(&self, launch: &Launch, scratch: &Scratch) -> Vec<GlobalRegion> {
         let split_attention = matches!(launch.args, KernelArgs::Forward(a) if a.num_splits > 1);
         let backward = matches!(launch.args, KernelArgs::Backward(_));
-        let counts_tiles = matches!(launch.args, KernelArgs::Hopper(h) if !h.tile_counter.is_null());
         let writes = |role| match (launch.kernel, role) {
             (_, Role::Input) => false,
             (Kernel::Append, role) => role == Role::Cache,
@@ -252,14 +252,21 @@ impl<'a> Memory<'a> {
         };
         let mut regions: Vec<GlobalRegion> =
             self.buffers.iter().map(|&(region, role)| GlobalRegion { writable: writes(role), ..region }).collect();
+        if let KernelArgs::Hopper(h) = launch.args {
+            if !h.tile_counter.is_null() {
+                // Ahead of the scratch that holds it: the first region
+                // holding an access decides.
+                regions.push(GlobalRegion {
+                    name: "tile counter",
+                    base: h.tile_counter as usize,
+                    len: 4,
+                    writable: true,
+                });
+            }
+        }
         if scratch.bytes > 0 {
             let (base, len) = (scratch.addr() as usize, scratch.bytes);
-            regions.push(GlobalRegion {
-                name: "scratch",
-                base,
-                len,
-                writable: split_attention || backward || counts_tiles,
-            });
+            regions.push(GlobalRegion { name: "scratch", base, len, writable: split_attention || backward });
         }
         regions
     }
