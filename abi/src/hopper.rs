@@ -42,6 +42,13 @@ pub const CONSUMER_THREADS: u32 = CONSUMER_WARPS * 32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperConfig {
     pub head_dim: u32,
+    /// Columns of the Q, K and V tiles in shared memory and of O's
+    /// accumulator: the head dim rounded up to whole 64-column slabs (a
+    /// `wgmma` N of 64, 128, 192 or 256). TMA fills the columns past the
+    /// head dim with zeros, so that they add nothing to `S = Q K^T`
+    /// (which stops at the head dim's last k-step anyway) and O's columns
+    /// past it are zero and not stored.
+    pub tile_dim: u32,
     /// Keys per K/V stage (the `N` of `S = Q K^T`).
     pub block_n: u32,
     /// K/V stages in the ring.
@@ -49,7 +56,7 @@ pub struct HopperConfig {
 }
 
 /// Byte offsets of the shared-memory regions from the 1024-byte aligned
-/// base. Each tile is `head_dim / 64` slabs of 64 columns, one TMA box
+/// base. Each tile is `tile_dim / 64` slabs of 64 columns, one TMA box
 /// each, a slab's rows 128 bytes apart in the 128-byte swizzle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperSmem {
@@ -69,24 +76,32 @@ pub struct HopperSmem {
     pub end: u32,
 }
 
+impl HopperSmem {
+    /// The layout of tiles of `tile_dim` columns, `block_n` keys per stage
+    /// and `stages` stages.
+    pub const fn of(tile_dim: u32, block_n: u32, stages: u32) -> Self {
+        let q_bytes = HOPPER_BLOCK_M * tile_dim * 2;
+        let kv_stage_bytes = block_n * tile_dim * 2;
+        let k = q_bytes;
+        let v = k + stages * kv_stage_bytes;
+        let barriers = v + stages * kv_stage_bytes;
+        let tile_slot = barriers + 8 * (2 + 4 * stages);
+        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, tile_slot, end: tile_slot + 8 }
+    }
+}
+
 impl HopperConfig {
     pub const fn threads(&self) -> u32 {
         HOPPER_THREADS
     }
 
-    /// Slabs of 64 columns across the head dim.
+    /// Slabs of 64 columns across a tile.
     pub const fn slabs(&self) -> u32 {
-        self.head_dim / SLAB_COLUMNS
+        self.tile_dim / SLAB_COLUMNS
     }
 
     pub const fn layout(&self) -> HopperSmem {
-        let q_bytes = HOPPER_BLOCK_M * self.head_dim * 2;
-        let kv_stage_bytes = self.block_n * self.head_dim * 2;
-        let k = q_bytes;
-        let v = k + self.stages * kv_stage_bytes;
-        let barriers = v + self.stages * kv_stage_bytes;
-        let tile_slot = barriers + 8 * (2 + 4 * self.stages);
-        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, tile_slot, end: tile_slot + 8 }
+        HopperSmem::of(self.tile_dim, self.block_n, self.stages)
     }
 
     /// Dynamic shared memory: the layout plus what aligning its base may take.
@@ -97,16 +112,26 @@ impl HopperConfig {
 
 /// The configuration of head dim `head_dim`'s sm_90a kernels, if there are any.
 ///
-/// - d = 64 and 128: 128 keys per stage, two stages: the S accumulator (64
-///   registers), O (d / 2) and P (32) fit a consumer's 240 registers.
-/// - d = 256: 64 keys per stage (O alone takes 128 registers), two stages:
-///   Q 64 KiB and 4 x 32 KiB of K and V.
+/// - d = 64, 96 and 128 (tiles of 64 or 128 columns): 128 keys per stage,
+///   two stages: the S accumulator (64 registers), O (`tile_dim / 2`) and
+///   P (32) fit a consumer's 240 registers.
+/// - d = 160 and 192 (tiles of 192 columns): 96 keys per stage, two
+///   stages (128 keys would need 240 KiB): Q 48 KiB and 4 x 36 KiB of K
+///   and V; O takes 96 registers, S 48.
+/// - d = 224 and 256 (tiles of 256 columns): 64 keys per stage (O alone
+///   takes 128 registers), two stages: Q 64 KiB and 4 x 32 KiB of K and V.
+///
+/// d = 32 keeps the sm_80 kernels: a 64-column tile would double its `O +=
+/// P V`, and its softmax outweighs its GEMMs.
 pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
-    match head_dim {
-        64 | 128 => Some(HopperConfig { head_dim, block_n: 128, stages: 2 }),
-        256 => Some(HopperConfig { head_dim, block_n: 64, stages: 2 }),
-        _ => None,
-    }
+    let (tile_dim, block_n) = match head_dim {
+        64 => (64, 128),
+        96 | 128 => (128, 128),
+        160 | 192 => (192, 96),
+        224 | 256 => (256, 64),
+        _ => return None,
+    };
+    Some(HopperConfig { head_dim, tile_dim, block_n, stages: 2 })
 }
 
 /// The argument block of the sm_90a kernels: the portable kernels' block
@@ -181,12 +206,36 @@ macro_rules! hopper_kernels {
             (flash_fwd_sm90_d64_bf16_full, 64, Bf16, Full),
             (flash_fwd_sm90_d64_bf16_causal, 64, Bf16, Causal),
             (flash_fwd_sm90_d64_bf16_general, 64, Bf16, General),
+            (flash_fwd_sm90_d96_f16_full, 96, F16, Full),
+            (flash_fwd_sm90_d96_f16_causal, 96, F16, Causal),
+            (flash_fwd_sm90_d96_f16_general, 96, F16, General),
+            (flash_fwd_sm90_d96_bf16_full, 96, Bf16, Full),
+            (flash_fwd_sm90_d96_bf16_causal, 96, Bf16, Causal),
+            (flash_fwd_sm90_d96_bf16_general, 96, Bf16, General),
             (flash_fwd_sm90_d128_f16_full, 128, F16, Full),
             (flash_fwd_sm90_d128_f16_causal, 128, F16, Causal),
             (flash_fwd_sm90_d128_f16_general, 128, F16, General),
             (flash_fwd_sm90_d128_bf16_full, 128, Bf16, Full),
             (flash_fwd_sm90_d128_bf16_causal, 128, Bf16, Causal),
             (flash_fwd_sm90_d128_bf16_general, 128, Bf16, General),
+            (flash_fwd_sm90_d160_f16_full, 160, F16, Full),
+            (flash_fwd_sm90_d160_f16_causal, 160, F16, Causal),
+            (flash_fwd_sm90_d160_f16_general, 160, F16, General),
+            (flash_fwd_sm90_d160_bf16_full, 160, Bf16, Full),
+            (flash_fwd_sm90_d160_bf16_causal, 160, Bf16, Causal),
+            (flash_fwd_sm90_d160_bf16_general, 160, Bf16, General),
+            (flash_fwd_sm90_d192_f16_full, 192, F16, Full),
+            (flash_fwd_sm90_d192_f16_causal, 192, F16, Causal),
+            (flash_fwd_sm90_d192_f16_general, 192, F16, General),
+            (flash_fwd_sm90_d192_bf16_full, 192, Bf16, Full),
+            (flash_fwd_sm90_d192_bf16_causal, 192, Bf16, Causal),
+            (flash_fwd_sm90_d192_bf16_general, 192, Bf16, General),
+            (flash_fwd_sm90_d224_f16_full, 224, F16, Full),
+            (flash_fwd_sm90_d224_f16_causal, 224, F16, Causal),
+            (flash_fwd_sm90_d224_f16_general, 224, F16, General),
+            (flash_fwd_sm90_d224_bf16_full, 224, Bf16, Full),
+            (flash_fwd_sm90_d224_bf16_causal, 224, Bf16, Causal),
+            (flash_fwd_sm90_d224_bf16_general, 224, Bf16, General),
             (flash_fwd_sm90_d256_f16_full, 256, F16, Full),
             (flash_fwd_sm90_d256_f16_causal, 256, F16, Causal),
             (flash_fwd_sm90_d256_f16_general, 256, F16, General),
@@ -231,10 +280,14 @@ const _: () = {
     while i < HOPPER_KERNELS.len() {
         let k = &HOPPER_KERNELS[i];
         let c = k.config;
-        assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(SLAB_COLUMNS));
+        assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(32));
+        // The tiles: the head dim in whole slabs, at most one slab more.
+        assert!(c.tile_dim.is_multiple_of(SLAB_COLUMNS) && c.tile_dim >= c.head_dim);
+        assert!(c.tile_dim < c.head_dim + SLAB_COLUMNS);
         assert!(matches!(k.variant, Variant::Full | Variant::Causal | Variant::General));
-        // wgmma N of S (block_n) and of O (head_dim): 64, 128 or 256.
-        assert!(matches!(c.block_n, 64 | 128 | 256) && matches!(c.head_dim, 64 | 128 | 256));
+        // wgmma N of S (block_n) and of O (tile_dim): what the primitives
+        // implement; block_n is also P V's reduction, in k-steps of 16.
+        assert!(matches!(c.block_n, 64 | 96 | 128) && matches!(c.tile_dim, 64 | 128 | 192 | 256));
         assert!(c.smem_bytes() <= MAX_HOPPER_SMEM);
         // Every tile slab starts on the swizzle's 1024-byte repeat.
         let l = c.layout();
@@ -263,5 +316,14 @@ mod tests {
         let l = hopper_config_of(128).layout();
         assert_eq!((l.q, l.k, l.v, l.kv_stage_bytes), (0, 32768, 98304, 32768));
         assert_eq!(l.barriers, 163840);
+    }
+
+    #[test]
+    fn head_dims_between_slabs_take_the_next_whole_slabs() {
+        for (head_dim, tile_dim) in [(96, 128), (160, 192), (224, 256)] {
+            let (c, whole) = (hopper_config_of(head_dim), hopper_config_of(tile_dim));
+            assert_eq!((c.tile_dim, c.layout()), (tile_dim, whole.layout()));
+        }
+        assert_eq!(hopper_config(32), None);
     }
 }

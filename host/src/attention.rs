@@ -69,7 +69,7 @@ impl FlashAttention {
     ///
     /// On compute capability 9.0 (H100, H200) it also loads the sm_90a
     /// kernels (TMA and `wgmma`), which then run every call they take:
-    /// dense (not packed, not a KV cache), unsplit, head dim 64, 128 or 256,
+    /// dense (not packed, not a KV cache), unsplit, head dim 64 to 256 in steps of 32,
     /// more than 16 query rows, q, k and v 16-byte aligned with strides of
     /// whole 16 bytes; any mask, softcap and ALiBi. The sm_80 kernels run every other call
     /// ([`Self::portable`] runs them only).

@@ -869,7 +869,10 @@ mod tests {
         // Not taken: the sm_80 family, other head dims, packed sequences,
         // a forced split, decode rows, and strides TMA cannot express.
         assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().hopper.is_none());
-        assert!(hopper(&call(2, 1000, 1000, 8, 2, 96)).is_none());
+        assert!(hopper(&call(2, 1000, 1000, 8, 2, 32)).is_none());
+        // Head dims between whole slabs take the next slab's tiles.
+        assert_eq!(hopper(&call(2, 1000, 1000, 8, 2, 96)).map(|h| h.0), Some("flash_fwd_sm90_d96_f16_full"));
+        assert_eq!(hopper(&call(2, 1000, 1000, 8, 2, 160)).map(|h| h.0), Some("flash_fwd_sm90_d160_f16_full"));
         let packed = Call { sequences: Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512 }, ..dense.clone() };
         assert!(hopper(&packed).is_none());
         assert!(hopper(&splits(dense.clone(), 2)).is_none());

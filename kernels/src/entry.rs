@@ -141,14 +141,15 @@ macro_rules! hopper_forward_kernels {
         hopper_forward::<
             $dtype,
             { C.head_dim as usize },
+            { C.tile_dim as usize },
             { C.block_n as usize },
             { C.stages as usize },
             CAUSAL,
             GENERAL,
             { C.block_n as usize / 2 },
-            { C.head_dim as usize / 2 },
+            { C.tile_dim as usize / 2 },
             { C.block_n as usize / 8 },
-            { C.head_dim as usize / 8 },
+            { C.tile_dim as usize / 8 },
             { C.block_n as usize / 16 },
         >($params)
     }};

@@ -793,8 +793,14 @@ pub fn wgmma_fence_operand<const R: usize>(acc: &mut WgmmaAccumulator<R>) {
             32 => {
                 fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31])
             }
+            48 => {
+                fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47])
+            }
             64 => {
                 fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63])
+            }
+            96 => {
+                fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95])
             }
             128 => {
                 fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127])
@@ -825,7 +831,7 @@ macro_rules! wgmma {
         /// (`a_desc`, `b_desc`: [`flash_attn_abi::sm90::MatrixDescriptor`]);
         /// A is K-major, B K-major when `TRANS_B` is 0 and MN-major when 1.
         /// `D = A * B + D`, or `D = A * B` when `scale_d` is false. `R` is
-        /// `N / 2`: 32, 64 or 128 (N = 64, 128, 256).
+        /// `N / 2`: 32, 48, 64, 96 or 128 (N = 64, 96, 128, 192, 256).
         #[inline(always)]
         pub fn $ss<const R: usize, const TRANS_B: u32>(
             acc: &mut WgmmaAccumulator<R>,
@@ -844,8 +850,18 @@ macro_rules! wgmma {
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
                             tb = const TRANS_B, options(nostack));
                     }
+                    48 => {
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "96", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47],
+                            a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
+                            tb = const TRANS_B, options(nostack));
+                    }
                     64 => {
                         wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "128", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63],
+                            a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
+                            tb = const TRANS_B, options(nostack));
+                    }
+                    96 => {
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "192", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
                             tb = const TRANS_B, options(nostack));
                     }
@@ -878,8 +894,18 @@ macro_rules! wgmma {
                             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
                             b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
                     }
+                    48 => {
+                        wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "96", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47],
+                            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                            b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
+                    }
                     64 => {
                         wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "128", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63],
+                            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                            b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
+                    }
+                    96 => {
+                        wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "192", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95],
                             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
                             b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
                     }

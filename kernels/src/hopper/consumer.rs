@@ -55,6 +55,7 @@ fn as_tiles<const R: usize, const TILES: usize>(acc: &mut WgmmaAccumulator<R>) -
 pub unsafe fn compute_tiles<
     E: Element,
     const D: usize,
+    const DT: usize,
     const BN: usize,
     const STAGES: usize,
     const CAUSAL: bool,
@@ -66,7 +67,7 @@ pub unsafe fn compute_tiles<
     const P_STEPS: usize,
 >(
     params: &HopperParams,
-    smem: &Smem<D, BN, STAGES>,
+    smem: &Smem<DT, BN, STAGES>,
     group: u32,
     thread: u32,
 ) {
@@ -79,7 +80,7 @@ pub unsafe fn compute_tiles<
             break;
         }
         let tile = order.tile::<BN, CAUSAL, GENERAL>(p, index);
-        compute_tile::<E, D, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
+        compute_tile::<E, D, DT, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
             p, smem, &tile, &turns, &loads, group, thread,
         );
         loads.advance(&tile);
@@ -95,6 +96,7 @@ pub unsafe fn compute_tiles<
 unsafe fn compute_tile<
     E: Element,
     const D: usize,
+    const DT: usize,
     const BN: usize,
     const STAGES: usize,
     const CAUSAL: bool,
@@ -106,7 +108,7 @@ unsafe fn compute_tile<
     const P_STEPS: usize,
 >(
     p: &ForwardParams,
-    smem: &Smem<D, BN, STAGES>,
+    smem: &Smem<DT, BN, STAGES>,
     tile: &HopperTile,
     turns: &GemmTurns,
     loads: &Loads,
@@ -129,7 +131,7 @@ unsafe fn compute_tile<
         let (first, first_parity) = loads.stage::<STAGES>(0);
         arch::mbarrier_wait_parity(smem.k_full(first), first_parity);
         turns.begin();
-        let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, first);
+        let mut s = issue_scores::<E, D, DT, BN, STAGES, S_REGS>(smem, group, first);
         turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut s);
@@ -147,9 +149,9 @@ unsafe fn compute_tile<
             let (previous, previous_parity) = loads.stage::<STAGES>(i - 1);
             arch::mbarrier_wait_parity(smem.k_full(stage), parity);
             turns.begin();
-            let mut s = issue_scores::<E, D, BN, STAGES, S_REGS>(smem, group, stage);
+            let mut s = issue_scores::<E, D, DT, BN, STAGES, S_REGS>(smem, group, stage);
             arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
-            issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
+            issue_output::<E, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
             turns.end();
             // The scores' group is the older of the two in flight.
             arch::wgmma_wait_group::<1>();
@@ -183,13 +185,13 @@ unsafe fn compute_tile<
         let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
         turns.begin();
-        issue_output::<E, D, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
+        issue_output::<E, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
         turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut o);
         release(lane, smem.v_empty(last));
     }
-    write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, scale_log2, &mut o, group_first_row + 16 * warp, lane);
+    write_rows::<E, D, O_REGS, O_TILES>(p, tile, &softmax, scale_log2, &mut o, group_first_row + 16 * warp, lane);
 }
 
 /// How a warp's raw scores become logits: the score modifiers (softcap,
@@ -324,11 +326,19 @@ unsafe fn release(lane: u32, barrier: u32) {
 }
 
 /// Issues `S = Q K^T` of consumer `group`'s rows against K of `stage`, as
-/// one committed `wgmma` group; the scores are there after the wait that
-/// covers it.
+/// one committed `wgmma` group, over the head dim's `D / 16` k-steps (the
+/// tiles' columns past it are zeros); the scores are there after the wait
+/// that covers it.
 #[inline(always)]
-fn issue_scores<E: Element, const D: usize, const BN: usize, const STAGES: usize, const S_REGS: usize>(
-    smem: &Smem<D, BN, STAGES>,
+fn issue_scores<
+    E: Element,
+    const D: usize,
+    const DT: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const S_REGS: usize,
+>(
+    smem: &Smem<DT, BN, STAGES>,
     group: u32,
     stage: u32,
 ) -> WgmmaAccumulator<S_REGS> {
@@ -343,17 +353,18 @@ fn issue_scores<E: Element, const D: usize, const BN: usize, const STAGES: usize
     s
 }
 
-/// Issues `O += P V` with V of `stage`, as one committed `wgmma` group.
+/// Issues `O += P V` with V of `stage`, as one committed `wgmma` group,
+/// over the tile's `DT` columns (one `wgmma` N).
 #[inline(always)]
 fn issue_output<
     E: Element,
-    const D: usize,
+    const DT: usize,
     const BN: usize,
     const STAGES: usize,
     const O_REGS: usize,
     const P_STEPS: usize,
 >(
-    smem: &Smem<D, BN, STAGES>,
+    smem: &Smem<DT, BN, STAGES>,
     o: &mut WgmmaAccumulator<O_REGS>,
     p: &[[u32; 4]; P_STEPS],
     stage: u32,
@@ -375,7 +386,7 @@ fn issue_output<
 /// # Safety
 /// o and the LSE hold every row of the call.
 #[inline(always)]
-unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
+unsafe fn write_rows<E: Element, const D: usize, const O_REGS: usize, const O_TILES: usize>(
     p: &ForwardParams,
     tile: &HopperTile,
     softmax: &OnlineSoftmax<1>,
@@ -397,7 +408,10 @@ unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
             continue;
         }
         let out = o_base.offset((row as i64 * p.o_row_stride) as isize);
-        for (n, t) in o_tiles[0].iter().enumerate() {
+        // The head dim's columns: past it, O holds the zeros of V's
+        // zero-filled columns.
+        for n in 0..D / 8 {
+            let t = &o_tiles[0][n];
             let col = 8 * n + 2 * (lane % 4) as usize;
             let value = E::pack(t[2 * half] * norm, t[2 * half + 1] * norm);
             arch::st_global_u32(out.add(col).cast::<u32>(), value);

@@ -12,7 +12,7 @@
 //! barriers, so that `S = Q K^T` starts before V has landed. The next
 //! tile's loads start while the consumers still work on the last one.
 
-use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M, SLAB_COLUMNS};
+use flash_attn_abi::hopper::{HopperParams, SLAB_COLUMNS};
 use flash_attn_abi::sm90::TensorMap;
 
 use super::scheduler::{self, HopperTile, TileOrder};
@@ -28,14 +28,14 @@ use crate::arch;
 /// `p`'s tensor maps are the ABI's.
 #[inline(always)]
 pub unsafe fn load_tiles<
-    const D: usize,
+    const DT: usize,
     const BN: usize,
     const STAGES: usize,
     const CAUSAL: bool,
     const GENERAL: bool,
 >(
     p: &HopperParams,
-    smem: &Smem<D, BN, STAGES>,
+    smem: &Smem<DT, BN, STAGES>,
 ) {
     // Made here, after `setmaxnreg`: what is live across it must fit the
     // producer's 24 registers.
@@ -61,8 +61,8 @@ pub unsafe fn load_tiles<
 /// `maps` are the tensor maps of q, k and v; `heads_per_kv` query heads
 /// share a key/value head.
 #[inline(always)]
-unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
-    smem: &Smem<D, BN, STAGES>,
+unsafe fn load_tile<const DT: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<DT, BN, STAGES>,
     tile: &HopperTile,
     loads: &Loads,
     maps: *const TensorMap,
@@ -72,7 +72,7 @@ unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
         arch::mbarrier_arrive(smem.q_full());
         return;
     }
-    let slabs = Smem::<D, BN, STAGES>::SLABS;
+    let slabs = Smem::<DT, BN, STAGES>::SLABS;
     let batch = tile.batch as i32;
     let (q_map, k_map, v_map) = (maps, maps.add(1), maps.add(2));
     let q_head = tile.head as i32;
@@ -80,9 +80,9 @@ unsafe fn load_tile<const D: usize, const BN: usize, const STAGES: usize>(
     core::hint::assert_unchecked(heads_per_kv != 0);
     let kv_head = (tile.head / heads_per_kv) as i32;
 
-    let q_bytes = HOPPER_BLOCK_M * D as u32 * 2;
+    let q_bytes = Smem::<DT, BN, STAGES>::Q_BYTES;
     load_slabs(smem.q_full(), q_bytes, slabs, |slab| smem.q(slab), q_map, [tile.first_row as i32, q_head, batch]);
-    let tile_bytes = (BN * D * 2) as u32;
+    let tile_bytes = Smem::<DT, BN, STAGES>::KV_BYTES;
     for i in 0..tile.key_blocks() {
         let (stage, parity) = loads.stage::<STAGES>(i);
         let key_rows = [((tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];

@@ -13,7 +13,7 @@
 //! (N) are the leading byte offset apart.
 
 use flash_attn_abi::hopper::{
-    HopperConfig, HopperSmem, CONSUMER_THREADS, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_ROW_BYTES, SMEM_ALIGN,
+    HopperSmem, CONSUMER_THREADS, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN,
 };
 use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
@@ -22,26 +22,32 @@ use crate::arch;
 /// Bytes of one 8-row group of a slab: the swizzle's repeat.
 const GROUP_BYTES: u32 = 8 * SLAB_ROW_BYTES;
 
-/// The block's shared memory for head dim `D`, `BN` keys per stage and
-/// `STAGES` stages, at a 1024-byte aligned base.
+/// The block's shared memory for tiles of `DT` columns (the config's
+/// `tile_dim`), `BN` keys per stage and `STAGES` stages, at a 1024-byte
+/// aligned base.
 #[derive(Clone, Copy)]
-pub struct Smem<const D: usize, const BN: usize, const STAGES: usize> {
+pub struct Smem<const DT: usize, const BN: usize, const STAGES: usize> {
     base: u32,
     layout: HopperSmem,
 }
 
-impl<const D: usize, const BN: usize, const STAGES: usize> Smem<D, BN, STAGES> {
-    const CONFIG: HopperConfig = HopperConfig { head_dim: D as u32, block_n: BN as u32, stages: STAGES as u32 };
+impl<const DT: usize, const BN: usize, const STAGES: usize> Smem<DT, BN, STAGES> {
     /// Bytes of one slab of Q (128 rows) and of K or V (`BN` rows).
     pub const Q_SLAB_BYTES: u32 = HOPPER_BLOCK_M * SLAB_ROW_BYTES;
     pub const KV_SLAB_BYTES: u32 = BN as u32 * SLAB_ROW_BYTES;
-    pub const SLABS: u32 = Self::CONFIG.slabs();
+    pub const SLABS: u32 = DT as u32 / SLAB_COLUMNS;
+    /// Bytes of the Q tile and of a K or V stage: what TMA lands for them,
+    /// the columns it fills with zeros past the head dim included.
+    pub const Q_BYTES: u32 = Self::SLABS * Self::Q_SLAB_BYTES;
+    pub const KV_BYTES: u32 = Self::SLABS * Self::KV_SLAB_BYTES;
 
     /// The layout at the dynamic shared memory `dynamic_base`, rounded up
     /// to the swizzle's repeat (the config reserves the slack).
     #[inline(always)]
     pub fn at(dynamic_base: u32) -> Self {
-        Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout: Self::CONFIG.layout() }
+        const { assert!(DT.is_multiple_of(SLAB_COLUMNS as usize)) }
+        let layout = HopperSmem::of(DT as u32, BN as u32, STAGES as u32);
+        Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout }
     }
 
     /// Slab `slab` of Q.

@@ -521,10 +521,12 @@ fn assert_product(what: &str, (d, expected): (Vec<Vec<f32>>, Vec<Vec<f64>>)) {
 }
 
 #[test]
-fn wgmma_ss_k_major_128b_equals_the_naive_product_for_n_64_128_256() {
+fn wgmma_ss_k_major_128b_equals_the_naive_product_for_n_64_96_128_192_256() {
     for ty in [Type::F16, Type::Bf16] {
         assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, false, false, false));
+        assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, false, false, false));
         assert_product(&format!("{ty:?} n128"), wgmma_case::<64>(ty, false, false, false));
+        assert_product(&format!("{ty:?} n192"), wgmma_case::<96>(ty, false, false, false));
         assert_product(&format!("{ty:?} n256"), wgmma_case::<128>(ty, false, false, false));
     }
 }
@@ -534,6 +536,8 @@ fn wgmma_ss_with_b_mn_major_equals_the_naive_product() {
     for ty in [Type::F16, Type::Bf16] {
         assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, true, false, false));
         assert_product(&format!("{ty:?} n128"), wgmma_case::<64>(ty, true, false, false));
+        // Three slabs of 64 columns, a leading byte offset apart.
+        assert_product(&format!("{ty:?} n192"), wgmma_case::<96>(ty, true, false, false));
     }
 }
 
@@ -546,6 +550,8 @@ fn wgmma_ss_without_swizzle_reads_interleaved_core_matrices() {
 fn wgmma_rs_takes_a_from_each_threads_fragment() {
     for ty in [Type::F16, Type::Bf16] {
         assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, false, false, true));
+        assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, false, false, true));
+        assert_product(&format!("{ty:?} n192 mn-major"), wgmma_case::<96>(ty, true, false, true));
         assert_product(&format!("{ty:?} n256 mn-major"), wgmma_case::<128>(ty, true, false, true));
     }
 }

@@ -907,12 +907,16 @@ enum OperandA {
 fn wgmma_name(r: usize, ty: HalfType) -> &'static str {
     match (r, ty) {
         (32, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+        (48, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16",
         (64, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+        (96, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16",
         (128, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16",
         (32, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
+        (48, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16",
         (64, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        (96, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16",
         (128, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
-        _ => "wgmma.mma_async.sync.aligned (an N other than 64, 128, 256)",
+        _ => "wgmma.mma_async.sync.aligned (an N other than 64, 96, 128, 192, 256)",
     }
 }
 
@@ -981,8 +985,11 @@ fn wgmma_mma<const R: usize>(
         let fail = |kind, message: String| -> ! {
             t.block.fail(Fault::new(kind, Some(t.tid), format!("{instruction} at {site}: {message}")))
         };
-        if !matches!(R, 32 | 64 | 128) {
-            fail(FaultKind::InvalidOperand, format!("{R} accumulator registers: arch implements N = 64, 128, 256"));
+        if !matches!(R, 32 | 48 | 64 | 96 | 128) {
+            fail(
+                FaultKind::InvalidOperand,
+                format!("{R} accumulator registers: arch implements N = 64, 96, 128, 192, 256"),
+            );
         }
         if trans_b > 1 {
             fail(FaultKind::InvalidOperand, format!("imm-trans-b {trans_b} (0 or 1)"));
