@@ -42,12 +42,10 @@ pub const CONSUMER_THREADS: u32 = CONSUMER_WARPS * 32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperConfig {
     pub head_dim: u32,
-    /// Columns of the Q, K and V tiles in shared memory and of O's
-    /// accumulator: the head dim rounded up to whole 64-column slabs (a
-    /// `wgmma` N of 64, 128, 192 or 256). TMA fills the columns past the
-    /// head dim with zeros, so that they add nothing to `S = Q K^T`
-    /// (which stops at the head dim's last k-step anyway) and O's columns
-    /// past it are zero and not stored.
+    /// Columns of the Q and K tiles in shared memory: the head dim rounded
+    /// up to whole 64-column slabs. TMA fills the columns past the head dim
+    /// with zeros, and `S = Q K^T` stops at the head dim's last k-step. V
+    /// is the head dim's own columns ([`HopperConfig::v_slab_columns`]).
     pub tile_dim: u32,
     /// Keys per K/V stage (the `N` of `S = Q K^T`).
     pub block_n: u32,
@@ -56,17 +54,20 @@ pub struct HopperConfig {
 }
 
 /// Byte offsets of the shared-memory regions from the 1024-byte aligned
-/// base. Each tile is `tile_dim / 64` slabs of 64 columns, one TMA box
-/// each, a slab's rows 128 bytes apart in the 128-byte swizzle.
+/// base. Q and K are `tile_dim / 64` slabs of 64 columns, one TMA box
+/// each, a slab's rows 128 bytes apart in the 128-byte swizzle; V is
+/// `head_dim / v_slab_columns` slabs, in the 128-byte swizzle (64 columns)
+/// or the 64-byte one (32 columns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperSmem {
     /// Q: 128 rows.
     pub q: u32,
-    /// K stage `s` at `k + s * kv_stage_bytes`: `block_n` rows.
+    /// K stage `s` at `k + s * k_stage_bytes`: `block_n` rows.
     pub k: u32,
-    /// V stage `s` at `v + s * kv_stage_bytes`.
+    pub k_stage_bytes: u32,
+    /// V stage `s` at `v + s * v_stage_bytes`.
     pub v: u32,
-    pub kv_stage_bytes: u32,
+    pub v_stage_bytes: u32,
     /// The mbarriers, 8 bytes each: Q full, Q empty, then per stage K
     /// full, K empty, V full, V empty.
     pub barriers: u32,
@@ -77,16 +78,17 @@ pub struct HopperSmem {
 }
 
 impl HopperSmem {
-    /// The layout of tiles of `tile_dim` columns, `block_n` keys per stage
-    /// and `stages` stages.
-    pub const fn of(tile_dim: u32, block_n: u32, stages: u32) -> Self {
+    /// The layout of Q and K tiles of `tile_dim` columns, V tiles of
+    /// `head_dim`, `block_n` keys per stage and `stages` stages.
+    pub const fn of(tile_dim: u32, head_dim: u32, block_n: u32, stages: u32) -> Self {
         let q_bytes = HOPPER_BLOCK_M * tile_dim * 2;
-        let kv_stage_bytes = block_n * tile_dim * 2;
+        let k_stage_bytes = block_n * tile_dim * 2;
+        let v_stage_bytes = block_n * head_dim * 2;
         let k = q_bytes;
-        let v = k + stages * kv_stage_bytes;
-        let barriers = v + stages * kv_stage_bytes;
+        let v = k + stages * k_stage_bytes;
+        let barriers = v + stages * v_stage_bytes;
         let tile_slot = barriers + 8 * (2 + 4 * stages);
-        HopperSmem { q: 0, k, v, kv_stage_bytes, barriers, tile_slot, end: tile_slot + 8 }
+        HopperSmem { q: 0, k, k_stage_bytes, v, v_stage_bytes, barriers, tile_slot, end: tile_slot + 8 }
     }
 }
 
@@ -95,13 +97,22 @@ impl HopperConfig {
         HOPPER_THREADS
     }
 
-    /// Slabs of 64 columns across a tile.
+    /// Slabs of 64 columns across a Q or K tile.
     pub const fn slabs(&self) -> u32 {
         self.tile_dim / SLAB_COLUMNS
     }
 
+    /// Columns of one V slab (one TMA box): 64 in the 128-byte swizzle
+    /// where the head dim is whole 64-column slabs, else 32 in the 64-byte
+    /// swizzle, so that V ends at the head dim and `O += P V` has the head
+    /// dim as its `wgmma` N (a 128-byte-swizzled MN-major operand comes in
+    /// whole 64-column slabs).
+    pub const fn v_slab_columns(&self) -> u32 {
+        v_slab_columns(self.head_dim)
+    }
+
     pub const fn layout(&self) -> HopperSmem {
-        HopperSmem::of(self.tile_dim, self.block_n, self.stages)
+        HopperSmem::of(self.tile_dim, self.head_dim, self.block_n, self.stages)
     }
 
     /// Dynamic shared memory: the layout plus what aligning its base may take.
@@ -110,19 +121,30 @@ impl HopperConfig {
     }
 }
 
+/// [`HopperConfig::v_slab_columns`] of head dim `head_dim`.
+pub const fn v_slab_columns(head_dim: u32) -> u32 {
+    if head_dim.is_multiple_of(SLAB_COLUMNS) {
+        SLAB_COLUMNS
+    } else {
+        SLAB_COLUMNS / 2
+    }
+}
+
 /// The configuration of head dim `head_dim`'s sm_90a kernels, if there are any.
 ///
-/// - d = 64, 96 and 128 (tiles of 64 or 128 columns): 128 keys per stage,
-///   two stages: the S accumulator (64 registers), O (`tile_dim / 2`) and
-///   P (32) fit a consumer's 240 registers.
+/// - d = 64, 96 and 128 (Q and K tiles of 64 or 128 columns): 128 keys per
+///   stage, two stages: the S accumulator (64 registers), O (`head_dim /
+///   2`) and P (32) fit a consumer's 240 registers.
 /// - d = 160 and 192 (tiles of 192 columns): 96 keys per stage, two
-///   stages (128 keys would need 240 KiB): Q 48 KiB and 4 x 36 KiB of K
-///   and V; O takes 96 registers, S 48.
+///   stages (128 keys would need 240 KiB at d = 192): Q 48 KiB, K 2 x 36
+///   and V 2 x 30 or 36 KiB; O takes 80 or 96 registers, S 48. 64 keys per
+///   stage, with two stages or three, measured slower.
 /// - d = 224 and 256 (tiles of 256 columns): 64 keys per stage (O alone
-///   takes 128 registers), two stages: Q 64 KiB and 4 x 32 KiB of K and V.
+///   takes 112 or 128 registers), two stages: Q 64 KiB, K 2 x 32 KiB, V 2
+///   x 28 or 32 KiB.
 ///
-/// d = 32 keeps the sm_80 kernels: a 64-column tile would double its `O +=
-/// P V`, and its softmax outweighs its GEMMs.
+/// d = 32 keeps the sm_80 kernels: its softmax outweighs its GEMMs, and a
+/// 64-column tile would double its `S = Q K^T` loads.
 pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
     let (tile_dim, block_n) = match head_dim {
         64 => (64, 128),
@@ -285,14 +307,16 @@ const _: () = {
         assert!(c.tile_dim.is_multiple_of(SLAB_COLUMNS) && c.tile_dim >= c.head_dim);
         assert!(c.tile_dim < c.head_dim + SLAB_COLUMNS);
         assert!(matches!(k.variant, Variant::Full | Variant::Causal | Variant::General));
-        // wgmma N of S (block_n) and of O (tile_dim): what the primitives
+        // wgmma N of S (block_n) and of O (head_dim): what the primitives
         // implement; block_n is also P V's reduction, in k-steps of 16.
-        assert!(matches!(c.block_n, 64 | 96 | 128) && matches!(c.tile_dim, 64 | 128 | 192 | 256));
+        assert!(matches!(c.block_n, 64 | 96 | 128));
+        assert!(matches!(c.head_dim, 64 | 96 | 128 | 160 | 192 | 224 | 256));
+        assert!(c.head_dim.is_multiple_of(c.v_slab_columns()));
         assert!(c.smem_bytes() <= MAX_HOPPER_SMEM);
         // Every tile slab starts on the swizzle's 1024-byte repeat.
         let l = c.layout();
         assert!(l.k.is_multiple_of(SMEM_ALIGN) && l.v.is_multiple_of(SMEM_ALIGN));
-        assert!(l.kv_stage_bytes.is_multiple_of(SMEM_ALIGN));
+        assert!(l.k_stage_bytes.is_multiple_of(SMEM_ALIGN) && l.v_stage_bytes.is_multiple_of(SMEM_ALIGN));
         i += 1;
     }
 };
@@ -314,16 +338,20 @@ mod tests {
     #[test]
     fn d128_layout_is_q_then_two_stages_of_k_and_v() {
         let l = hopper_config_of(128).layout();
-        assert_eq!((l.q, l.k, l.v, l.kv_stage_bytes), (0, 32768, 98304, 32768));
+        assert_eq!((l.q, l.k, l.k_stage_bytes, l.v, l.v_stage_bytes), (0, 32768, 32768, 98304, 32768));
         assert_eq!(l.barriers, 163840);
     }
 
     #[test]
-    fn head_dims_between_slabs_take_the_next_whole_slabs() {
+    fn head_dims_between_slabs_take_the_next_whole_slabs_for_q_and_k_only() {
         for (head_dim, tile_dim) in [(96, 128), (160, 192), (224, 256)] {
             let (c, whole) = (hopper_config_of(head_dim), hopper_config_of(tile_dim));
-            assert_eq!((c.tile_dim, c.layout()), (tile_dim, whole.layout()));
+            let (l, w) = (c.layout(), whole.layout());
+            assert_eq!((c.tile_dim, l.k, l.k_stage_bytes, l.v), (tile_dim, w.k, w.k_stage_bytes, w.v));
+            // V: the head dim's columns, in 32-column slabs.
+            assert_eq!((c.v_slab_columns(), l.v_stage_bytes), (32, c.block_n * head_dim * 2));
         }
+        assert_eq!(hopper_config_of(192).v_slab_columns(), 64);
         assert_eq!(hopper_config(32), None);
     }
 }

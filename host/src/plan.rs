@@ -549,8 +549,9 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
         Dtype::Bf16 => TensorDataType::Bf16,
     };
     // [batch, seqlen, heads, head_dim] as (head_dim, seqlen, heads, batch),
-    // innermost first; boxes of 64 columns and `rows` rows.
-    let map = |t: &TensorAt, seqlen: usize, heads: usize, rows: u32| {
+    // innermost first; boxes of `columns` (64: the 128-byte swizzle, 32:
+    // the 64-byte one) and `rows` rows.
+    let map = |t: &TensorAt, seqlen: usize, heads: usize, (columns, rows): (u32, u32)| {
         let [batch_stride, row_stride, head_stride] = t.strides.map(|s| 2 * s as u64);
         let sizes = [seqlen, heads, p.batch].map(|n| n as u64);
         // A dimension of one index never steps: any stride TMA takes.
@@ -566,18 +567,18 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
                 stride(sizes[2], batch_stride),
                 0,
             ],
-            box_dims: [SLAB_COLUMNS, rows, 1, 1, 1],
+            box_dims: [columns, rows, 1, 1, 1],
             element_strides: [1; 5],
-            swizzle: TmaSwizzle::B128,
+            swizzle: if columns == SLAB_COLUMNS { TmaSwizzle::B128 } else { TmaSwizzle::B64 },
             l2_promotion: L2Promotion::B256,
             oob_fill: OobFill::Zero,
         }
     };
     let block_n = kernel.config.block_n;
     let maps = [
-        map(&call.q, p.seqlen_q, p.heads_q, HOPPER_BLOCK_M),
-        map(&call.k, p.seqlen_k, p.heads_kv, block_n),
-        map(&call.v, p.seqlen_k, p.heads_kv, block_n),
+        map(&call.q, p.seqlen_q, p.heads_q, (SLAB_COLUMNS, HOPPER_BLOCK_M)),
+        map(&call.k, p.seqlen_k, p.heads_kv, (SLAB_COLUMNS, block_n)),
+        map(&call.v, p.seqlen_k, p.heads_kv, (kernel.config.v_slab_columns(), block_n)),
     ];
     if maps.iter().any(|m| m.validate().is_err()) {
         return None;

@@ -147,9 +147,9 @@ macro_rules! hopper_forward_kernels {
             CAUSAL,
             GENERAL,
             { C.block_n as usize / 2 },
-            { C.tile_dim as usize / 2 },
+            { C.head_dim as usize / 2 },
             { C.block_n as usize / 8 },
-            { C.tile_dim as usize / 8 },
+            { C.head_dim as usize / 8 },
             { C.block_n as usize / 16 },
         >($params)
     }};

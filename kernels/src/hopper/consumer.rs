@@ -67,7 +67,7 @@ pub unsafe fn compute_tiles<
     const P_STEPS: usize,
 >(
     params: &HopperParams,
-    smem: &Smem<DT, BN, STAGES>,
+    smem: &Smem<D, DT, BN, STAGES>,
     group: u32,
     thread: u32,
 ) {
@@ -108,7 +108,7 @@ unsafe fn compute_tile<
     const P_STEPS: usize,
 >(
     p: &ForwardParams,
-    smem: &Smem<DT, BN, STAGES>,
+    smem: &Smem<D, DT, BN, STAGES>,
     tile: &HopperTile,
     turns: &GemmTurns,
     loads: &Loads,
@@ -151,7 +151,7 @@ unsafe fn compute_tile<
             turns.begin();
             let mut s = issue_scores::<E, D, DT, BN, STAGES, S_REGS>(smem, group, stage);
             arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
-            issue_output::<E, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
+            issue_output::<E, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
             turns.end();
             // The scores' group is the older of the two in flight.
             arch::wgmma_wait_group::<1>();
@@ -185,13 +185,13 @@ unsafe fn compute_tile<
         let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
         turns.begin();
-        issue_output::<E, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
+        issue_output::<E, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
         turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut o);
         release(lane, smem.v_empty(last));
     }
-    write_rows::<E, D, O_REGS, O_TILES>(p, tile, &softmax, scale_log2, &mut o, group_first_row + 16 * warp, lane);
+    write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, scale_log2, &mut o, group_first_row + 16 * warp, lane);
 }
 
 /// How a warp's raw scores become logits: the score modifiers (softcap,
@@ -338,7 +338,7 @@ fn issue_scores<
     const STAGES: usize,
     const S_REGS: usize,
 >(
-    smem: &Smem<DT, BN, STAGES>,
+    smem: &Smem<D, DT, BN, STAGES>,
     group: u32,
     stage: u32,
 ) -> WgmmaAccumulator<S_REGS> {
@@ -353,18 +353,19 @@ fn issue_scores<
     s
 }
 
-/// Issues `O += P V` with V of `stage`, as one committed `wgmma` group,
-/// over the tile's `DT` columns (one `wgmma` N).
+/// Issues `O += P V` with V of `stage`, as one committed `wgmma` group
+/// (the head dim is its N).
 #[inline(always)]
 fn issue_output<
     E: Element,
+    const D: usize,
     const DT: usize,
     const BN: usize,
     const STAGES: usize,
     const O_REGS: usize,
     const P_STEPS: usize,
 >(
-    smem: &Smem<DT, BN, STAGES>,
+    smem: &Smem<D, DT, BN, STAGES>,
     o: &mut WgmmaAccumulator<O_REGS>,
     p: &[[u32; 4]; P_STEPS],
     stage: u32,
@@ -386,7 +387,7 @@ fn issue_output<
 /// # Safety
 /// o and the LSE hold every row of the call.
 #[inline(always)]
-unsafe fn write_rows<E: Element, const D: usize, const O_REGS: usize, const O_TILES: usize>(
+unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
     p: &ForwardParams,
     tile: &HopperTile,
     softmax: &OnlineSoftmax<1>,
@@ -408,10 +409,7 @@ unsafe fn write_rows<E: Element, const D: usize, const O_REGS: usize, const O_TI
             continue;
         }
         let out = o_base.offset((row as i64 * p.o_row_stride) as isize);
-        // The head dim's columns: past it, O holds the zeros of V's
-        // zero-filled columns.
-        for n in 0..D / 8 {
-            let t = &o_tiles[0][n];
+        for (n, t) in o_tiles[0].iter().enumerate() {
             let col = 8 * n + 2 * (lane % 4) as usize;
             let value = E::pack(t[2 * half] * norm, t[2 * half + 1] * norm);
             arch::st_global_u32(out.add(col).cast::<u32>(), value);

@@ -68,12 +68,12 @@ impl Loads {
     }
 }
 
-/// The kernel body of one instance: element `E`, head dim `D` in tiles of
-/// `DT` columns (the config's `tile_dim`), `BN` keys per stage, `STAGES`
+/// The kernel body of one instance: element `E`, head dim `D` in Q and K
+/// tiles of `DT` columns (the config's `tile_dim`), `BN` keys per stage, `STAGES`
 /// stages, causal, general (windows, softcap and ALiBi from the
 /// parameters) or neither; the rest are the array sizes that follow (Rust
-/// cannot derive them): `S_REGS = BN / 2` and `O_REGS = DT / 2`
-/// accumulator registers, `S_TILES = BN / 8` and `O_TILES = DT / 8`
+/// cannot derive them): `S_REGS = BN / 2` and `O_REGS = D / 2`
+/// accumulator registers, `S_TILES = BN / 8` and `O_TILES = D / 8`
 /// n8-tiles, `P_STEPS = BN / 16` k-steps of `P V`.
 ///
 /// # Safety
@@ -99,9 +99,9 @@ pub unsafe fn hopper_forward<
 >(
     p: &HopperParams,
 ) {
-    const { assert!(S_REGS * 2 == BN && O_REGS * 2 == DT && S_TILES * 8 == BN && O_TILES * 8 == DT) }
+    const { assert!(S_REGS * 2 == BN && O_REGS * 2 == D && S_TILES * 8 == BN && O_TILES * 8 == D) }
     const { assert!(P_STEPS * 16 == BN && D <= DT && D.is_multiple_of(16)) }
-    let smem = Smem::<DT, BN, STAGES>::at(arch::dynamic_smem_base());
+    let smem = Smem::<D, DT, BN, STAGES>::at(arch::dynamic_smem_base());
     let tid = arch::thread_idx_x();
     if tid == 0 {
         smem.init_barriers();
@@ -111,7 +111,7 @@ pub unsafe fn hopper_forward<
     if warpgroup == 0 {
         arch::setmaxnreg_dec::<PRODUCER_REGISTERS>();
         if tid == 0 {
-            producer::load_tiles::<DT, BN, STAGES, CAUSAL, GENERAL>(p, &smem);
+            producer::load_tiles::<D, DT, BN, STAGES, CAUSAL, GENERAL>(p, &smem);
         }
     } else {
         arch::setmaxnreg_inc::<CONSUMER_REGISTERS>();

@@ -8,7 +8,7 @@
 //! have released the stage's previous round (its empty barrier; in round 0
 //! the wait on the "previous" parity passes at once), raises the full
 //! barrier's transaction count by the tile's bytes with its one arrival,
-//! and issues one TMA load per 64-column slab. K and V have their own
+//! and issues one TMA load per slab. K and V have their own
 //! barriers, so that `S = Q K^T` starts before V has landed. The next
 //! tile's loads start while the consumers still work on the last one.
 
@@ -28,6 +28,7 @@ use crate::arch;
 /// `p`'s tensor maps are the ABI's.
 #[inline(always)]
 pub unsafe fn load_tiles<
+    const D: usize,
     const DT: usize,
     const BN: usize,
     const STAGES: usize,
@@ -35,7 +36,7 @@ pub unsafe fn load_tiles<
     const GENERAL: bool,
 >(
     p: &HopperParams,
-    smem: &Smem<DT, BN, STAGES>,
+    smem: &Smem<D, DT, BN, STAGES>,
 ) {
     // Made here, after `setmaxnreg`: what is live across it must fit the
     // producer's 24 registers.
@@ -61,8 +62,8 @@ pub unsafe fn load_tiles<
 /// `maps` are the tensor maps of q, k and v; `heads_per_kv` query heads
 /// share a key/value head.
 #[inline(always)]
-unsafe fn load_tile<const DT: usize, const BN: usize, const STAGES: usize>(
-    smem: &Smem<DT, BN, STAGES>,
+unsafe fn load_tile<const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<D, DT, BN, STAGES>,
     tile: &HopperTile,
     loads: &Loads,
     maps: *const TensorMap,
@@ -72,7 +73,7 @@ unsafe fn load_tile<const DT: usize, const BN: usize, const STAGES: usize>(
         arch::mbarrier_arrive(smem.q_full());
         return;
     }
-    let slabs = Smem::<DT, BN, STAGES>::SLABS;
+    let slabs = Smem::<D, DT, BN, STAGES>::SLABS;
     let batch = tile.batch as i32;
     let (q_map, k_map, v_map) = (maps, maps.add(1), maps.add(2));
     let q_head = tile.head as i32;
@@ -80,22 +81,30 @@ unsafe fn load_tile<const DT: usize, const BN: usize, const STAGES: usize>(
     core::hint::assert_unchecked(heads_per_kv != 0);
     let kv_head = (tile.head / heads_per_kv) as i32;
 
-    let q_bytes = Smem::<DT, BN, STAGES>::Q_BYTES;
-    load_slabs(smem.q_full(), q_bytes, slabs, |slab| smem.q(slab), q_map, [tile.first_row as i32, q_head, batch]);
-    let tile_bytes = Smem::<DT, BN, STAGES>::KV_BYTES;
+    let q_bytes = Smem::<D, DT, BN, STAGES>::Q_BYTES;
+    load_slabs(
+        smem.q_full(),
+        q_bytes,
+        (slabs, SLAB_COLUMNS),
+        |slab| smem.q(slab),
+        q_map,
+        [tile.first_row as i32, q_head, batch],
+    );
+    let (k_bytes, v_bytes) = (Smem::<D, DT, BN, STAGES>::K_BYTES, Smem::<D, DT, BN, STAGES>::V_BYTES);
+    let v_slabs = (Smem::<D, DT, BN, STAGES>::V_SLABS, Smem::<D, DT, BN, STAGES>::V_SLAB_COLUMNS);
     for i in 0..tile.key_blocks() {
         let (stage, parity) = loads.stage::<STAGES>(i);
         let key_rows = [((tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];
         arch::mbarrier_wait_parity(smem.k_empty(stage), parity ^ 1);
-        load_slabs(smem.k_full(stage), tile_bytes, slabs, |slab| smem.k(stage, slab), k_map, key_rows);
+        load_slabs(smem.k_full(stage), k_bytes, (slabs, SLAB_COLUMNS), |slab| smem.k(stage, slab), k_map, key_rows);
         arch::mbarrier_wait_parity(smem.v_empty(stage), parity ^ 1);
-        load_slabs(smem.v_full(stage), tile_bytes, slabs, |slab| smem.v(stage, slab), v_map, key_rows);
+        load_slabs(smem.v_full(stage), v_bytes, v_slabs, |slab| smem.v(stage, slab), v_map, key_rows);
     }
 }
 
 /// Loads one tile onto the mbarrier at `full`: its one arrival with the
-/// tile's `bytes`, then one TMA box of `map` per 64-column slab, into
-/// `dst(slab)`, from `[row, head, batch]` of the tensor.
+/// tile's `bytes`, then one TMA box of `map` per slab of `(slabs,
+/// columns)`, into `dst(slab)`, from `[row, head, batch]` of the tensor.
 ///
 /// # Safety
 /// `full` is an initialised mbarrier whose phase expects this arrival;
@@ -104,13 +113,13 @@ unsafe fn load_tile<const DT: usize, const BN: usize, const STAGES: usize>(
 unsafe fn load_slabs(
     full: u32,
     bytes: u32,
-    slabs: u32,
+    (slabs, columns): (u32, u32),
     dst: impl Fn(u32) -> u32,
     map: *const TensorMap,
     [row, head, batch]: [i32; 3],
 ) {
     arch::mbarrier_arrive_expect_tx(full, bytes);
     for slab in 0..slabs {
-        arch::tma_load_4d(dst(slab), map, [(slab * SLAB_COLUMNS) as i32, row, head, batch], full);
+        arch::tma_load_4d(dst(slab), map, [(slab * columns) as i32, row, head, batch], full);
     }
 }

@@ -129,8 +129,8 @@ impl TileOrder {
 /// # Safety
 /// The producer's one thread calls it, after the barriers were initialised.
 #[inline(always)]
-pub unsafe fn hand_over<const DT: usize, const BN: usize, const STAGES: usize>(
-    smem: &Smem<DT, BN, STAGES>,
+pub unsafe fn hand_over<const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<D, DT, BN, STAGES>,
     index: u32,
     q_parity: u32,
 ) {
@@ -145,8 +145,8 @@ pub unsafe fn hand_over<const DT: usize, const BN: usize, const STAGES: usize>(
 /// # Safety
 /// Every consumer thread calls it, after the barriers were initialised.
 #[inline(always)]
-pub unsafe fn take<const DT: usize, const BN: usize, const STAGES: usize>(
-    smem: &Smem<DT, BN, STAGES>,
+pub unsafe fn take<const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<D, DT, BN, STAGES>,
     q_parity: u32,
 ) -> u32 {
     arch::mbarrier_wait_parity(smem.q_full(), q_parity);

@@ -2,51 +2,62 @@
 //! gives the offsets): Q, the K and V stages and their mbarriers, and the
 //! `wgmma` descriptors of the tiles.
 //!
-//! Every tile is stored as TMA lands it with the 128-byte swizzle: slabs of
-//! 64 columns (128-byte rows), 8-row groups 1024 bytes apart. That is the
-//! layout `wgmma` reads through a descriptor with the 128-byte swizzle and
-//! a stride byte offset of 1024. Q and K are K-major operands (the head
-//! dim is the reduction of `S = Q K^T`): one k-step of 16 columns is 32
-//! bytes further along the row, the next slab after 4 steps. V is the
-//! MN-major B operand of `O += P V` (the keys are the reduction): one
-//! k-step is 16 keys, 2048 bytes further, and the slabs of the head dim
-//! (N) are the leading byte offset apart.
+//! Every tile is stored as TMA lands it, swizzled: Q and K in slabs of 64
+//! columns (128-byte rows, the 128-byte swizzle, 8-row groups 1024 bytes
+//! apart), V in slabs of 64 columns likewise or, where the head dim is not
+//! whole 64-column slabs, of 32 columns (64-byte rows, the 64-byte
+//! swizzle, 8-row groups 512 bytes apart). That is the layout `wgmma`
+//! reads through a descriptor with the same swizzle and the 8-row group as
+//! its stride byte offset. Q and K are K-major operands (the head dim is
+//! the reduction of `S = Q K^T`): one k-step of 16 columns is 32 bytes
+//! further along the row, the next slab after 4 steps. V is the MN-major B
+//! operand of `O += P V` (the keys are the reduction): one k-step is 16
+//! keys, 16 rows further, and the slabs of the head dim (N) are the
+//! leading byte offset apart.
 
 use flash_attn_abi::hopper::{
-    HopperSmem, CONSUMER_THREADS, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN,
+    v_slab_columns, HopperSmem, CONSUMER_THREADS, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_COLUMNS, SLAB_ROW_BYTES,
+    SMEM_ALIGN,
 };
 use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
 use crate::arch;
 
-/// Bytes of one 8-row group of a slab: the swizzle's repeat.
+/// Bytes of one 8-row group of a Q or K slab: the swizzle's repeat.
 const GROUP_BYTES: u32 = 8 * SLAB_ROW_BYTES;
 
-/// The block's shared memory for tiles of `DT` columns (the config's
-/// `tile_dim`), `BN` keys per stage and `STAGES` stages, at a 1024-byte
-/// aligned base.
+/// The block's shared memory for head dim `D` in Q and K tiles of `DT`
+/// columns (the config's `tile_dim`), `BN` keys per stage and `STAGES`
+/// stages, at a 1024-byte aligned base.
 #[derive(Clone, Copy)]
-pub struct Smem<const DT: usize, const BN: usize, const STAGES: usize> {
+pub struct Smem<const D: usize, const DT: usize, const BN: usize, const STAGES: usize> {
     base: u32,
     layout: HopperSmem,
 }
 
-impl<const DT: usize, const BN: usize, const STAGES: usize> Smem<DT, BN, STAGES> {
-    /// Bytes of one slab of Q (128 rows) and of K or V (`BN` rows).
+impl<const D: usize, const DT: usize, const BN: usize, const STAGES: usize> Smem<D, DT, BN, STAGES> {
+    /// Bytes of one slab of Q (128 rows) and of K (`BN` rows).
     pub const Q_SLAB_BYTES: u32 = HOPPER_BLOCK_M * SLAB_ROW_BYTES;
-    pub const KV_SLAB_BYTES: u32 = BN as u32 * SLAB_ROW_BYTES;
+    pub const K_SLAB_BYTES: u32 = BN as u32 * SLAB_ROW_BYTES;
     pub const SLABS: u32 = DT as u32 / SLAB_COLUMNS;
+    /// V's slabs: columns, bytes of a row and of a slab, and slabs.
+    pub const V_SLAB_COLUMNS: u32 = v_slab_columns(D as u32);
+    const V_ROW_BYTES: u32 = 2 * Self::V_SLAB_COLUMNS;
+    pub const V_SLAB_BYTES: u32 = BN as u32 * Self::V_ROW_BYTES;
+    pub const V_SLABS: u32 = D as u32 / Self::V_SLAB_COLUMNS;
     /// Bytes of the Q tile and of a K or V stage: what TMA lands for them,
-    /// the columns it fills with zeros past the head dim included.
+    /// the columns of Q and K it fills with zeros past the head dim
+    /// included.
     pub const Q_BYTES: u32 = Self::SLABS * Self::Q_SLAB_BYTES;
-    pub const KV_BYTES: u32 = Self::SLABS * Self::KV_SLAB_BYTES;
+    pub const K_BYTES: u32 = Self::SLABS * Self::K_SLAB_BYTES;
+    pub const V_BYTES: u32 = Self::V_SLABS * Self::V_SLAB_BYTES;
 
     /// The layout at the dynamic shared memory `dynamic_base`, rounded up
     /// to the swizzle's repeat (the config reserves the slack).
     #[inline(always)]
     pub fn at(dynamic_base: u32) -> Self {
-        const { assert!(DT.is_multiple_of(SLAB_COLUMNS as usize)) }
-        let layout = HopperSmem::of(DT as u32, BN as u32, STAGES as u32);
+        const { assert!(DT.is_multiple_of(SLAB_COLUMNS as usize) && D.is_multiple_of(Self::V_SLAB_COLUMNS as usize)) }
+        let layout = HopperSmem::of(DT as u32, D as u32, BN as u32, STAGES as u32);
         Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout }
     }
 
@@ -59,13 +70,13 @@ impl<const DT: usize, const BN: usize, const STAGES: usize> Smem<DT, BN, STAGES>
     /// Slab `slab` of K's stage `stage`.
     #[inline(always)]
     pub fn k(&self, stage: u32, slab: u32) -> u32 {
-        self.base + self.layout.k + stage * self.layout.kv_stage_bytes + slab * Self::KV_SLAB_BYTES
+        self.base + self.layout.k + stage * self.layout.k_stage_bytes + slab * Self::K_SLAB_BYTES
     }
 
     /// Slab `slab` of V's stage `stage`.
     #[inline(always)]
     pub fn v(&self, stage: u32, slab: u32) -> u32 {
-        self.base + self.layout.v + stage * self.layout.kv_stage_bytes + slab * Self::KV_SLAB_BYTES
+        self.base + self.layout.v + stage * self.layout.v_stage_bytes + slab * Self::V_SLAB_BYTES
     }
 
     /// The mbarrier that completes when the tile slot is written and the
@@ -157,11 +168,11 @@ impl<const DT: usize, const BN: usize, const STAGES: usize> Smem<DT, BN, STAGES>
     #[inline(always)]
     pub fn v_operand(&self, stage: u32, step: u32) -> u64 {
         MatrixDescriptor {
-            start: self.v(stage, 0) + 16 * SLAB_ROW_BYTES * step,
-            leading_byte_offset: Self::KV_SLAB_BYTES,
-            stride_byte_offset: GROUP_BYTES,
+            start: self.v(stage, 0) + 16 * Self::V_ROW_BYTES * step,
+            leading_byte_offset: Self::V_SLAB_BYTES,
+            stride_byte_offset: 8 * Self::V_ROW_BYTES,
             base_offset: 0,
-            swizzle: DescriptorSwizzle::B128,
+            swizzle: if Self::V_ROW_BYTES == SLAB_ROW_BYTES { DescriptorSwizzle::B128 } else { DescriptorSwizzle::B64 },
         }
         .encode()
     }

@@ -381,6 +381,30 @@ fn mn_major_128(mn: usize, k: usize, k_step: usize, lbo: usize) -> usize {
     start + 16 * ((byte / 16) ^ (row % 8)) + byte % 16
 }
 
+/// The same in the 64-byte swizzle: rows of 32 elements of N (64 bytes),
+/// 8-row groups 512 bytes apart, 32-column blocks `lbo` apart; the four
+/// chunks of a row swap by pairs of rows (the pattern repeats every 512
+/// bytes: chunk `c` of row `r` lands at `c ^ (r % 8 / 2)`).
+fn mn_major_64(mn: usize, k: usize, k_step: usize, lbo: usize) -> usize {
+    let row = 16 * k_step + k;
+    let start = (row / 8) * 512 + (row % 8) * 64 + (mn / 32) * lbo;
+    let byte = 2 * (mn % 32);
+    start + 16 * ((byte / 16) ^ (row % 4)) + byte % 16
+}
+
+/// How B lies in shared memory in [`wgmma_case`].
+#[derive(Clone, Copy, PartialEq)]
+enum BLayout {
+    /// K-major, the 128-byte swizzle.
+    K128,
+    /// MN-major (`imm-trans-b` 1), the 128-byte swizzle: 64-column slabs.
+    Mn128,
+    /// MN-major, the 64-byte swizzle: 32-column slabs.
+    Mn64,
+    /// K-major without swizzle, A likewise.
+    Interleaved,
+}
+
 /// Where element `(mn, k)` of a K-major operand without swizzle lies: 8x8
 /// core matrices of 16-byte rows (128 contiguous bytes each), the next
 /// core matrix along K `lbo` bytes on, along MN `sbo` bytes on.
@@ -408,10 +432,11 @@ fn desc(start: usize, lbo: usize, sbo: usize, swizzle: DescriptorSwizzle) -> u64
 }
 
 /// `D = A B` over K = 16 * `k_steps`, A 64 x K K-major with the 128B
-/// swizzle, B K x N K-major (or MN-major with `trans_b`) with the 128B
-/// swizzle, or both without swizzle (`interleaved`); or with `rs` A from
-/// registers. Returns the emulated D by (row, column) and the naive product.
-fn wgmma_case<const R: usize>(ty: Type, trans_b: bool, interleaved: bool, rs: bool) -> (Vec<Vec<f32>>, Vec<Vec<f64>>) {
+/// swizzle (without swizzle for [`BLayout::Interleaved`]), B K x N laid out
+/// as `layout` says; or with `rs` A from registers. Returns the emulated D
+/// by (row, column) and the naive product.
+fn wgmma_case<const R: usize>(ty: Type, layout: BLayout, rs: bool) -> (Vec<Vec<f32>>, Vec<Vec<f64>>) {
+    let (trans_b, interleaved) = (matches!(layout, BLayout::Mn128 | BLayout::Mn64), layout == BLayout::Interleaved);
     let n = 2 * R;
     let k_steps = 4;
     let kk = 16 * k_steps;
@@ -436,11 +461,11 @@ fn wgmma_case<const R: usize>(ty: Type, trans_b: bool, interleaved: bool, rs: bo
         for (k, row) in b[16 * s..16 * s + 16].iter().enumerate() {
             for (j, &x) in row.iter().enumerate() {
                 let at = b_base
-                    + match (trans_b, interleaved) {
-                        (false, false) => k_major_128(j, k, s, 1024),
-                        (true, false) => mn_major_128(j, k, s, kk * 128),
-                        (false, true) => k_major_interleaved(j, 16 * s + k, 128, kk * 16),
-                        (true, true) => unreachable!("not a case"),
+                    + match layout {
+                        BLayout::K128 => k_major_128(j, k, s, 1024),
+                        BLayout::Mn128 => mn_major_128(j, k, s, kk * 128),
+                        BLayout::Mn64 => mn_major_64(j, k, s, kk * 64),
+                        BLayout::Interleaved => k_major_interleaved(j, 16 * s + k, 128, kk * 16),
                     };
                 image[at / 2] = bits(ty, x);
             }
@@ -450,10 +475,15 @@ fn wgmma_case<const R: usize>(ty: Type, trans_b: bool, interleaved: bool, rs: bo
                 desc(256 * s, 128, kk * 16, DescriptorSwizzle::None),
                 desc(b_base + 256 * s, 128, kk * 16, DescriptorSwizzle::None),
             )
-        } else if trans_b {
+        } else if layout == BLayout::Mn128 {
             (
                 desc(32 * s, 16, 1024, DescriptorSwizzle::B128),
                 desc(b_base + 2048 * s, kk * 128, 1024, DescriptorSwizzle::B128),
+            )
+        } else if layout == BLayout::Mn64 {
+            (
+                desc(32 * s, 16, 1024, DescriptorSwizzle::B128),
+                desc(b_base + 1024 * s, kk * 64, 512, DescriptorSwizzle::B64),
             )
         } else {
             (desc(32 * s, 16, 1024, DescriptorSwizzle::B128), desc(b_base + 32 * s, 16, 1024, DescriptorSwizzle::B128))
@@ -523,36 +553,40 @@ fn assert_product(what: &str, (d, expected): (Vec<Vec<f32>>, Vec<Vec<f64>>)) {
 #[test]
 fn wgmma_ss_k_major_128b_equals_the_naive_product_for_n_64_96_128_192_256() {
     for ty in [Type::F16, Type::Bf16] {
-        assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, false, false, false));
-        assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, false, false, false));
-        assert_product(&format!("{ty:?} n128"), wgmma_case::<64>(ty, false, false, false));
-        assert_product(&format!("{ty:?} n192"), wgmma_case::<96>(ty, false, false, false));
-        assert_product(&format!("{ty:?} n256"), wgmma_case::<128>(ty, false, false, false));
+        assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, BLayout::K128, false));
+        assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, BLayout::K128, false));
+        assert_product(&format!("{ty:?} n128"), wgmma_case::<64>(ty, BLayout::K128, false));
+        assert_product(&format!("{ty:?} n192"), wgmma_case::<96>(ty, BLayout::K128, false));
+        assert_product(&format!("{ty:?} n256"), wgmma_case::<128>(ty, BLayout::K128, false));
     }
 }
 
 #[test]
 fn wgmma_ss_with_b_mn_major_equals_the_naive_product() {
     for ty in [Type::F16, Type::Bf16] {
-        assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, true, false, false));
-        assert_product(&format!("{ty:?} n128"), wgmma_case::<64>(ty, true, false, false));
+        assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, BLayout::Mn128, false));
+        assert_product(&format!("{ty:?} n128"), wgmma_case::<64>(ty, BLayout::Mn128, false));
         // Three slabs of 64 columns, a leading byte offset apart.
-        assert_product(&format!("{ty:?} n192"), wgmma_case::<96>(ty, true, false, false));
+        assert_product(&format!("{ty:?} n192"), wgmma_case::<96>(ty, BLayout::Mn128, false));
+        // The 64-byte swizzle: three and five slabs of 32 columns.
+        assert_product(&format!("{ty:?} n96 64b"), wgmma_case::<48>(ty, BLayout::Mn64, false));
+        assert_product(&format!("{ty:?} n160 64b"), wgmma_case::<80>(ty, BLayout::Mn64, false));
     }
 }
 
 #[test]
 fn wgmma_ss_without_swizzle_reads_interleaved_core_matrices() {
-    assert_product("f16 n64", wgmma_case::<32>(Type::F16, false, true, false));
+    assert_product("f16 n64", wgmma_case::<32>(Type::F16, BLayout::Interleaved, false));
 }
 
 #[test]
 fn wgmma_rs_takes_a_from_each_threads_fragment() {
     for ty in [Type::F16, Type::Bf16] {
-        assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, false, false, true));
-        assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, false, false, true));
-        assert_product(&format!("{ty:?} n192 mn-major"), wgmma_case::<96>(ty, true, false, true));
-        assert_product(&format!("{ty:?} n256 mn-major"), wgmma_case::<128>(ty, true, false, true));
+        assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, BLayout::K128, true));
+        assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, BLayout::K128, true));
+        assert_product(&format!("{ty:?} n192 mn-major"), wgmma_case::<96>(ty, BLayout::Mn128, true));
+        assert_product(&format!("{ty:?} n224 mn-major 64b"), wgmma_case::<112>(ty, BLayout::Mn64, true));
+        assert_product(&format!("{ty:?} n256 mn-major"), wgmma_case::<128>(ty, BLayout::Mn128, true));
     }
 }
 

@@ -909,14 +909,18 @@ fn wgmma_name(r: usize, ty: HalfType) -> &'static str {
         (32, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
         (48, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16",
         (64, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+        (80, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16",
         (96, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16",
+        (112, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16",
         (128, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16",
         (32, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
         (48, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16",
         (64, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        (80, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16",
         (96, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16",
+        (112, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16",
         (128, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
-        _ => "wgmma.mma_async.sync.aligned (an N other than 64, 96, 128, 192, 256)",
+        _ => "wgmma.mma_async.sync.aligned (an N other than 64, 96, 128, 160, 192, 224, 256)",
     }
 }
 
@@ -985,10 +989,10 @@ fn wgmma_mma<const R: usize>(
         let fail = |kind, message: String| -> ! {
             t.block.fail(Fault::new(kind, Some(t.tid), format!("{instruction} at {site}: {message}")))
         };
-        if !matches!(R, 32 | 48 | 64 | 96 | 128) {
+        if !matches!(R, 32 | 48 | 64 | 80 | 96 | 112 | 128) {
             fail(
                 FaultKind::InvalidOperand,
-                format!("{R} accumulator registers: arch implements N = 64, 96, 128, 192, 256"),
+                format!("{R} accumulator registers: arch implements N = 64, 96, 128, 160, 192, 224, 256"),
             );
         }
         if trans_b > 1 {
