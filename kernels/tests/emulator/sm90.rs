@@ -389,7 +389,7 @@ fn mn_major_64(mn: usize, k: usize, k_step: usize, lbo: usize) -> usize {
     let row = 16 * k_step + k;
     let start = (row / 8) * 512 + (row % 8) * 64 + (mn / 32) * lbo;
     let byte = 2 * (mn % 32);
-    start + 16 * ((byte / 16) ^ (row % 4)) + byte % 16
+    start + 16 * ((byte / 16) ^ (row % 8 / 2)) + byte % 16
 }
 
 /// How B lies in shared memory in [`wgmma_case`].
