@@ -97,11 +97,6 @@ impl HopperConfig {
         HOPPER_THREADS
     }
 
-    /// Slabs of 64 columns across a Q or K tile.
-    pub const fn slabs(&self) -> u32 {
-        self.tile_dim / SLAB_COLUMNS
-    }
-
     /// Columns of one V slab (one TMA box): 64 in the 128-byte swizzle
     /// where the head dim is whole 64-column slabs, else 32 in the 64-byte
     /// swizzle, so that V ends at the head dim and `O += P V` has the head
