@@ -904,8 +904,10 @@ enum OperandA {
     Registers([u32; 4]),
 }
 
-fn wgmma_name(r: usize, ty: HalfType) -> &'static str {
-    match (r, ty) {
+/// The instruction of `r` accumulator registers (N = 2r) and type `ty`;
+/// `None` for an N that `arch` does not implement.
+fn wgmma_name(r: usize, ty: HalfType) -> Option<&'static str> {
+    Some(match (r, ty) {
         (32, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
         (48, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16",
         (64, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
@@ -920,8 +922,8 @@ fn wgmma_name(r: usize, ty: HalfType) -> &'static str {
         (96, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16",
         (112, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16",
         (128, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
-        _ => "wgmma.mma_async.sync.aligned (an N other than 64, 96, 128, 160, 192, 224, 256)",
-    }
+        _ => return None,
+    })
 }
 
 /// A and B of one wgmma as matrices: A's 64 rows and B's N columns, each
@@ -984,16 +986,14 @@ fn wgmma_mma<const R: usize>(
     scale_d: bool,
     site: Site,
 ) {
-    let instruction = wgmma_name(R, ty);
+    let name = wgmma_name(R, ty);
+    let instruction = name.unwrap_or("wgmma.mma_async.sync.aligned");
     context::with(|t| {
         let fail = |kind, message: String| -> ! {
             t.block.fail(Fault::new(kind, Some(t.tid), format!("{instruction} at {site}: {message}")))
         };
-        if !matches!(R, 32 | 48 | 64 | 80 | 96 | 112 | 128) {
-            fail(
-                FaultKind::InvalidOperand,
-                format!("{R} accumulator registers: arch implements N = 64, 96, 128, 160, 192, 224, 256"),
-            );
+        if name.is_none() {
+            fail(FaultKind::InvalidOperand, format!("{R} accumulator registers: an N that arch does not implement"));
         }
         if trans_b > 1 {
             fail(FaultKind::InvalidOperand, format!("imm-trans-b {trans_b} (0 or 1)"));
