@@ -1,10 +1,10 @@
 //! The sm_90a forward kernels (issue 29): their table, their tile
 //! configuration and shared-memory layout, and their argument block.
 //!
-//! A block is three warpgroups: a producer that issues TMA loads of each
-//! tile's Q and of K and V into a ring of [`HopperConfig::stages`] stages,
-//! and two consumers that each own 64 query rows of the tile and run
-//! `wgmma` on them; a block takes one tile or, persistent, several. The
+//! A block is a producer warpgroup that issues TMA loads of each tile's Q
+//! and of K and V into a ring of [`HopperConfig::stages`] stages, and two
+//! or three consumer warpgroups ([`HopperConfig::consumers`]) that each own
+//! 64 query rows of the tile and run `wgmma` on them; a block takes one tile or, persistent, several. The
 //! table lists every instance once ([`hopper_kernels!`](crate::hopper_kernels));
 //! the device crate makes the entry points of `host/kernels-sm90a.ptx` from
 //! it and the host loads them on compute capability 9.0.
@@ -13,15 +13,10 @@ use crate::kernels::{Dtype, Variant};
 use crate::params::ForwardParams;
 use crate::sm90::TensorMap;
 
-/// Threads per block: the producer warpgroup and two consumer warpgroups.
-pub const HOPPER_THREADS: u32 = 3 * 128;
-/// Query rows per block: 64 per consumer warpgroup (one `wgmma` M).
-pub const HOPPER_BLOCK_M: u32 = 128;
-/// Registers per thread after `setmaxnreg`: the producer gives up what the
-/// consumers take, `(24 + 2 * 240) * 128` of the 65536 (the launch's
-/// 168 per thread, what `.maxntid 384` allocates).
-pub const PRODUCER_REGISTERS: u32 = 24;
-pub const CONSUMER_REGISTERS: u32 = 240;
+/// Query rows of one consumer warpgroup: one `wgmma` M.
+pub const CONSUMER_ROWS: u32 = 64;
+/// Threads of a warpgroup: the producer, and each consumer.
+pub const WARPGROUP_THREADS: u32 = 128;
 /// Columns of one TMA box and of one shared-memory tile slab: 64 16-bit
 /// elements, the 128 bytes of the 128-byte swizzle.
 pub const SLAB_COLUMNS: u32 = 64;
@@ -32,11 +27,9 @@ pub const MAX_HOPPER_SMEM: u32 = 227 * 1024;
 /// Alignment of the shared-memory base the kernel rounds up to (the
 /// 128-byte swizzle repeats every 8 rows of 128 bytes).
 pub const SMEM_ALIGN: u32 = 1024;
-/// Consumer warps, each of which releases a K or V stage once its
-/// `wgmma`s reading it are done: the arrival count of the empty barriers.
-pub const CONSUMER_WARPS: u32 = 8;
-/// Threads of both consumer warpgroups.
-pub const CONSUMER_THREADS: u32 = CONSUMER_WARPS * 32;
+/// Registers of an SM, the pool `setmaxnreg` shares out among a block's
+/// warpgroups.
+pub const REGISTER_FILE: u32 = 64 * 1024;
 
 /// The tile shape of one sm_90a kernel instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +44,8 @@ pub struct HopperConfig {
     pub block_n: u32,
     /// K/V stages in the ring.
     pub stages: u32,
+    /// Consumer warpgroups, 64 query rows each: 2 or 3.
+    pub consumers: u32,
 }
 
 /// Byte offsets of the shared-memory regions from the 1024-byte aligned
@@ -60,7 +55,7 @@ pub struct HopperConfig {
 /// or the 64-byte one (32 columns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperSmem {
-    /// Q: 128 rows.
+    /// Q: the tile's rows ([`HopperConfig::block_m`]).
     pub q: u32,
     /// K stage `s` at `k + s * k_stage_bytes`: `block_n` rows.
     pub k: u32,
@@ -78,10 +73,11 @@ pub struct HopperSmem {
 }
 
 impl HopperSmem {
-    /// The layout of Q and K tiles of `tile_dim` columns, V tiles of
-    /// `head_dim`, `block_n` keys per stage and `stages` stages.
-    pub const fn of(tile_dim: u32, head_dim: u32, block_n: u32, stages: u32) -> Self {
-        let q_bytes = HOPPER_BLOCK_M * tile_dim * 2;
+    /// The layout of a Q tile of `block_m` rows, Q and K tiles of
+    /// `tile_dim` columns, V tiles of `head_dim`, `block_n` keys per stage
+    /// and `stages` stages.
+    pub const fn of(block_m: u32, tile_dim: u32, head_dim: u32, block_n: u32, stages: u32) -> Self {
+        let q_bytes = block_m * tile_dim * 2;
         let k_stage_bytes = block_n * tile_dim * 2;
         let v_stage_bytes = block_n * head_dim * 2;
         let k = q_bytes;
@@ -93,8 +89,39 @@ impl HopperSmem {
 }
 
 impl HopperConfig {
+    /// Query rows of a tile: 64 per consumer.
+    pub const fn block_m(&self) -> u32 {
+        CONSUMER_ROWS * self.consumers
+    }
+
+    /// Threads per block: the producer warpgroup and the consumers.
     pub const fn threads(&self) -> u32 {
-        HOPPER_THREADS
+        WARPGROUP_THREADS * (1 + self.consumers)
+    }
+
+    /// Threads of the consumer warpgroups.
+    pub const fn consumer_threads(&self) -> u32 {
+        WARPGROUP_THREADS * self.consumers
+    }
+
+    /// Consumer warps, each of which releases a K or V stage once its
+    /// `wgmma`s reading it are done: the arrival count of the empty
+    /// barriers.
+    pub const fn consumer_warps(&self) -> u32 {
+        self.consumer_threads() / 32
+    }
+
+    /// Registers per thread after `setmaxnreg`, `(producer, consumer)`:
+    /// the producer gives up what the consumers take, the block's
+    /// warpgroups sharing the 64K (`.maxntid` of the block's threads
+    /// allocates 64K / threads each at launch). Two consumers: `(24 + 2 *
+    /// 240) * 128`; three: `(32 + 3 * 160) * 128`, all 64K.
+    pub const fn registers(&self) -> (u32, u32) {
+        if self.consumers == 2 {
+            (24, 240)
+        } else {
+            (32, 160)
+        }
     }
 
     /// Columns of one V slab (one TMA box): 64 in the 128-byte swizzle
@@ -107,7 +134,7 @@ impl HopperConfig {
     }
 
     pub const fn layout(&self) -> HopperSmem {
-        HopperSmem::of(self.tile_dim, self.head_dim, self.block_n, self.stages)
+        HopperSmem::of(self.block_m(), self.tile_dim, self.head_dim, self.block_n, self.stages)
     }
 
     /// Dynamic shared memory: the layout plus what aligning its base may take.
@@ -127,7 +154,13 @@ pub const fn v_slab_columns(head_dim: u32) -> u32 {
 
 /// The configuration of head dim `head_dim`'s sm_90a kernels, if there are any.
 ///
-/// - d = 64, 96 and 128 (Q and K tiles of 64 or 128 columns): 128 keys per
+/// - d = 64: tiles of 192 rows (three consumers, 160 registers each), 128
+///   keys per stage, two stages. Its softmax costs as much as its GEMMs
+///   (the exponentials alone keep the MUFU as busy as the tensor cores),
+///   so its consumers' instruction stream bounds it: a third consumer
+///   gives each scheduler another warp to issue from, and each K/V stage
+///   serves 192 rows. S (64 registers), O (32) and P (32) fit 160.
+/// - d = 96 and 128 (Q and K tiles of 128 columns): 128 rows, 128 keys per
 ///   stage, two stages: the S accumulator (64 registers), O (`head_dim /
 ///   2`) and P (32) fit a consumer's 240 registers.
 /// - d = 160 and 192 (tiles of 192 columns): 96 keys per stage, two
@@ -141,14 +174,14 @@ pub const fn v_slab_columns(head_dim: u32) -> u32 {
 /// d = 32 keeps the sm_80 kernels: its softmax outweighs its GEMMs, and a
 /// 64-column tile would double its `S = Q K^T` loads.
 pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
-    let (tile_dim, block_n) = match head_dim {
-        64 => (64, 128),
-        96 | 128 => (128, 128),
-        160 | 192 => (192, 96),
-        224 | 256 => (256, 64),
+    let (tile_dim, block_n, consumers) = match head_dim {
+        64 => (64, 128, 3),
+        96 | 128 => (128, 128, 2),
+        160 | 192 => (192, 96, 2),
+        224 | 256 => (256, 64, 2),
         _ => return None,
     };
-    Some(HopperConfig { head_dim, tile_dim, block_n, stages: 2 })
+    Some(HopperConfig { head_dim, tile_dim, block_n, stages: 2, consumers })
 }
 
 /// The argument block of the sm_90a kernels: the portable kernels' block
@@ -156,11 +189,11 @@ pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
 /// that the producer loads through. The general kernels read the window,
 /// softcap and ALiBi fields too; none reads sequence offsets, cache
 /// lengths, pages or the split.
-/// The tiles of a call (128 query rows of one head and batch each), which
-/// the persistent blocks share out: `(query blocks, tiles)`, `None` past
-/// `u32`, which the kernels count in.
-pub fn hopper_tiles(seqlen_q: usize, heads_q: usize, batch: usize) -> Option<(u32, u32)> {
-    let query_blocks = seqlen_q.div_ceil(HOPPER_BLOCK_M as usize);
+/// The tiles of a call (`block_m` query rows of one head and batch each),
+/// which the persistent blocks share out: `(query blocks, tiles)`, `None`
+/// past `u32`, which the kernels count in.
+pub fn hopper_tiles(seqlen_q: usize, heads_q: usize, batch: usize, block_m: u32) -> Option<(u32, u32)> {
+    let query_blocks = seqlen_q.div_ceil(block_m as usize);
     let tiles = u32::try_from(query_blocks.checked_mul(heads_q)?.checked_mul(batch)?).ok()?;
     Some((query_blocks as u32, tiles))
 }
@@ -172,13 +205,13 @@ pub struct HopperParams {
     /// Three tensor maps in global memory, 64-byte aligned: q, k, v, each
     /// over `[batch, heads, seqlen, head_dim]` (dimension 0 innermost:
     /// head_dim, seqlen, heads, batch) with boxes of 64 columns and
-    /// [`HOPPER_BLOCK_M`] (q) or `block_n` (k, v) rows.
+    /// [`HopperConfig::block_m`] (q) or `block_n` (k, v) rows.
     pub tensor_maps: *const TensorMap,
-    /// Query blocks of 128 rows per head, tiles (`query_blocks * heads_q *
+    /// Query blocks of `block_m` rows per head, tiles (`query_blocks * heads_q *
     /// batch`, [`hopper_tiles`]) and blocks (the grid's x, at most the
     /// tiles). Given rather than derived in the kernel, so that the
     /// producer reads them from the parameters instead of holding them in
-    /// its 24 registers.
+    /// its few registers.
     pub query_blocks: u32,
     pub tiles: u32,
     pub blocks: u32,
@@ -308,6 +341,11 @@ const _: () = {
         assert!(matches!(c.head_dim, 64 | 96 | 128 | 160 | 192 | 224 | 256));
         assert!(c.head_dim.is_multiple_of(c.v_slab_columns()));
         assert!(c.smem_bytes() <= MAX_HOPPER_SMEM);
+        // The warpgroups' registers after `setmaxnreg` fit the SM's file,
+        // and the consumers' turns are a round of at most three.
+        assert!(matches!(c.consumers, 2 | 3));
+        let (producer, consumer) = c.registers();
+        assert!(WARPGROUP_THREADS * (producer + c.consumers * consumer) <= REGISTER_FILE);
         // Every tile slab starts on the swizzle's 1024-byte repeat.
         let l = c.layout();
         assert!(l.k.is_multiple_of(SMEM_ALIGN) && l.v.is_multiple_of(SMEM_ALIGN));

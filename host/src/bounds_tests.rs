@@ -1558,8 +1558,10 @@ fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
     let (batch, heads, d) = (a.batch as i128, a.heads_q as i128, h.kernel.head_dim as i128);
     let grid = h.grid.map(i128::from);
     m.fits("grid x", grid[0], 1..=GRID_X);
-    // Persistent blocks: at most one per tile, the tiles counted in u32.
-    let query_blocks = round_up(a.seqlen_q as i128, 128) / 128;
+    // Persistent blocks: at most one per tile (the config's query rows of
+    // a head), the tiles counted in u32.
+    let block_m = h.kernel.config.block_m() as i128;
+    let query_blocks = round_up(a.seqlen_q as i128, block_m) / block_m;
     let tiles = query_blocks * heads * batch;
     m.fits("tiles", tiles, 1..=u32::MAX as i128);
     m.check((params.query_blocks as i128, params.tiles as i128) == (query_blocks, tiles), || {

@@ -437,7 +437,8 @@ mod tests {
             let entry = format!(".visible .entry {}(", kernel.name);
             let at = PTX_SM90A.find(&entry).unwrap_or_else(|| panic!("{} missing", kernel.name));
             let body = PTX_SM90A[at..].find("\n{").expect("a kernel body") + at;
-            assert!(PTX_SM90A[at..body].contains(".maxntid 384, 1, 1"), "{} has no .maxntid", kernel.name);
+            let bounds = format!(".maxntid {}, 1, 1", kernel.config.threads());
+            assert!(PTX_SM90A[at..body].contains(&bounds), "{} has no {bounds}", kernel.name);
         }
         assert_eq!(PTX_SM90A.matches(".visible .entry ").count(), HOPPER_KERNELS.len());
     }

@@ -12,9 +12,7 @@ use flash_attn_abi::backward::{
 use flash_attn_abi::config::MAX_ROW_STRIDE;
 use std::mem::offset_of;
 
-use flash_attn_abi::hopper::{
-    hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, HOPPER_BLOCK_M, SLAB_COLUMNS,
-};
+use flash_attn_abi::hopper::{hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, SLAB_COLUMNS};
 use flash_attn_abi::kernels::{
     attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
 };
@@ -576,14 +574,14 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
     };
     let block_n = kernel.config.block_n;
     let maps = [
-        map(&call.q, p.seqlen_q, p.heads_q, (SLAB_COLUMNS, HOPPER_BLOCK_M)),
+        map(&call.q, p.seqlen_q, p.heads_q, (SLAB_COLUMNS, kernel.config.block_m())),
         map(&call.k, p.seqlen_k, p.heads_kv, (SLAB_COLUMNS, block_n)),
         map(&call.v, p.seqlen_k, p.heads_kv, (kernel.config.v_slab_columns(), block_n)),
     ];
     if maps.iter().any(|m| m.validate().is_err()) {
         return None;
     }
-    let (query_blocks, tiles) = hopper_tiles(p.seqlen_q, p.heads_q, p.batch)?;
+    let (query_blocks, tiles) = hopper_tiles(p.seqlen_q, p.heads_q, p.batch, kernel.config.block_m())?;
     // Unmasked and causal tiles go to persistent blocks, one per SM, so
     // that a tile's loads overlap the last tile's epilogue. Unmasked tiles
     // all cost the same: block b takes every grid-th. Causal tiles differ:

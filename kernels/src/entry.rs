@@ -140,12 +140,15 @@ macro_rules! hopper_forward_kernels {
         const GENERAL: bool = matches!(Variant::$variant, Variant::General);
         hopper_forward::<
             $dtype,
+            { C.block_m() as usize },
             { C.head_dim as usize },
             { C.tile_dim as usize },
             { C.block_n as usize },
             { C.stages as usize },
             CAUSAL,
             GENERAL,
+            { C.registers().0 },
+            { C.registers().1 },
             { C.block_n as usize / 2 },
             { C.head_dim as usize / 2 },
             { C.block_n as usize / 8 },

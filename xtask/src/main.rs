@@ -1,6 +1,7 @@
 //! Workspace tasks: `cargo xtask build-ptx [--check] [--require-ptxas]` and
 //! `cargo xtask gpu-bundle`.
 
+use flash_attn_abi::hopper::HOPPER_KERNELS;
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -44,12 +45,12 @@ struct PtxModule {
     ptxas_arches: &'static [&'static str],
     target_dir: &'static str,
     committed: &'static str,
-    /// `(prefix, threads)`: `.maxntid threads, 1, 1` on the entry of every
-    /// kernel whose name starts with `prefix`.
+    /// `(kernel, threads)`: `.maxntid threads, 1, 1` on the entry of each
+    /// kernel named.
     /// Rust has no way to declare launch bounds, and ptxas needs them for
     /// `setmaxnreg` (they fix the registers allocated at launch, the pool
     /// `setmaxnreg` moves between warpgroups: 64K / threads).
-    maxntid: &'static [(&'static str, u32)],
+    maxntid: fn() -> Vec<(&'static str, u32)>,
 }
 
 const PTX_MODULES: [PtxModule; 5] = [
@@ -59,7 +60,7 @@ const PTX_MODULES: [PtxModule; 5] = [
         ptxas_arches: PTXAS_ARCHES,
         target_dir: "target/ptx",
         committed: COMMITTED_PTX,
-        maxntid: &[],
+        maxntid: Vec::new,
     },
     PtxModule {
         features: &["--no-default-features", "--features", "test-kernels"],
@@ -67,7 +68,7 @@ const PTX_MODULES: [PtxModule; 5] = [
         ptxas_arches: PTXAS_ARCHES,
         target_dir: "target/ptx-test-kernels",
         committed: COMMITTED_TEST_PTX,
-        maxntid: &[],
+        maxntid: Vec::new,
     },
     PtxModule {
         features: &["--no-default-features", "--features", "test-kernels-sm90a"],
@@ -75,7 +76,7 @@ const PTX_MODULES: [PtxModule; 5] = [
         ptxas_arches: &["sm_90a"],
         target_dir: "target/ptx-test-kernels-sm90a",
         committed: COMMITTED_TEST_SM90A_PTX,
-        maxntid: &[("probe_sm90", 384)],
+        maxntid: || vec![("probe_sm90", 384)],
     },
     PtxModule {
         features: &["--no-default-features", "--features", "attention-sm90a"],
@@ -83,7 +84,7 @@ const PTX_MODULES: [PtxModule; 5] = [
         ptxas_arches: &["sm_90a"],
         target_dir: "target/ptx-sm90a",
         committed: COMMITTED_SM90A_PTX,
-        maxntid: &[("flash_fwd_sm90_", 384)],
+        maxntid: || HOPPER_KERNELS.iter().map(|k| (k.name, k.config.threads())).collect(),
     },
     PtxModule {
         features: &["--no-default-features", "--features", "attention-backward"],
@@ -91,7 +92,7 @@ const PTX_MODULES: [PtxModule; 5] = [
         ptxas_arches: PTXAS_ARCHES,
         target_dir: "target/ptx-backward",
         committed: COMMITTED_BACKWARD_PTX,
-        maxntid: &[],
+        maxntid: Vec::new,
     },
 ];
 
@@ -155,7 +156,7 @@ fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
     let ptx_path = target_dir.join(PTX_TARGET).join("ptx/flash_attn_kernels.ptx");
     let ptx = fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))?;
     let ptx = without_symbol_comments(&ptx);
-    module.maxntid.iter().try_fold(ptx, |ptx, &(prefix, threads)| with_maxntid(&ptx, prefix, threads))
+    (module.maxntid)().into_iter().try_fold(ptx, |ptx, (kernel, threads)| with_maxntid(&ptx, kernel, threads))
 }
 
 /// `ptx` without the comments LLVM puts after some block labels naming the
@@ -179,25 +180,12 @@ fn without_symbol_comments(ptx: &str) -> String {
 }
 
 /// `ptx` with `.maxntid threads, 1, 1` between the parameter list and the
-/// body (where the PTX ISA puts performance-tuning directives) of every
-/// kernel whose name starts with `prefix`; at least one must.
-fn with_maxntid(ptx: &str, prefix: &str, threads: u32) -> Result<String> {
-    let entry = format!(".entry {prefix}");
-    let mut out = String::with_capacity(ptx.len() + 1024);
-    let mut rest = ptx;
-    let mut found = 0;
-    while let Some(start) = rest.find(&entry) {
-        let body = rest[start..].find("\n{").ok_or_else(|| format!("kernel {prefix}... has no body"))? + start;
-        out.push_str(&rest[..body]);
-        out.push_str(&format!("\n.maxntid {threads}, 1, 1"));
-        rest = &rest[body..];
-        found += 1;
-    }
-    if found == 0 {
-        return Err(format!("no kernel {prefix}... in the PTX"));
-    }
-    out.push_str(rest);
-    Ok(out)
+/// body (where the PTX ISA puts performance-tuning directives) of kernel
+/// `kernel`, which must be there.
+fn with_maxntid(ptx: &str, kernel: &str, threads: u32) -> Result<String> {
+    let start = ptx.find(&format!(".entry {kernel}(")).ok_or_else(|| format!("no kernel {kernel} in the PTX"))?;
+    let body = ptx[start..].find("\n{").ok_or_else(|| format!("kernel {kernel} has no body"))? + start;
+    Ok(format!("{}\n.maxntid {threads}, 1, 1{}", &ptx[..body], &ptx[body..]))
 }
 
 fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
@@ -512,6 +500,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack s
     #[test]
     fn puts_launch_bounds_between_a_kernels_parameters_and_its_body() {
         let ptx = ".visible .entry other(\n\t.param .u64 a\n)\n{\n\tret;\n}\n\
+                   .visible .entry probe_sm90_other(\n\t.param .u64 a\n)\n{\n\tret;\n}\n\
                    .visible .entry probe_sm90(\n\t.param .u64 a\n)\n{\n\tret;\n}\n";
         let bounded = with_maxntid(ptx, "probe_sm90", 384).unwrap();
         assert!(bounded.contains("probe_sm90(\n\t.param .u64 a\n)\n.maxntid 384, 1, 1\n{"), "{bounded}");

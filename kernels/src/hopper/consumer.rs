@@ -11,11 +11,11 @@
 //! releases Q and the tile slot (the producer hands over the next tile and
 //! loads its Q); the last block's `O += P V` ends the tile.
 //!
-//! The two consumers take turns at issuing their `wgmma`s ([`GemmTurns`],
-//! FlashAttention-3's ping-pong): each turn issues one block's GEMMs, so
-//! the tensor cores run one consumer's GEMMs while the other runs its
-//! softmax. Without the turns both issue at once and their softmaxes line
-//! up, leaving the tensor cores idle during both.
+//! The consumers take turns at issuing their `wgmma`s, in a round
+//! ([`GemmTurns`], FlashAttention-3's ping-pong): each turn issues one
+//! block's GEMMs, so the tensor cores run one consumer's GEMMs while the
+//! others run their softmax. Without the turns all issue at once and their
+//! softmaxes line up, leaving the tensor cores idle during them.
 //!
 //! The `wgmma` accumulator fragment is the `mma.sync` C fragment repeated
 //! over n8-tiles (a warp's 16 rows, a lane's two rows `lane / 4` and
@@ -23,7 +23,7 @@
 //! kernels' softmax and mask ([`crate::softmax`]) and P's conversion to A
 //! fragments ([`crate::mma::probabilities_as_a`]) apply to it as they are.
 
-use flash_attn_abi::hopper::{HopperParams, CONSUMER_THREADS, HOPPER_BLOCK_M};
+use flash_attn_abi::hopper::{HopperParams, CONSUMER_ROWS, WARPGROUP_THREADS};
 
 use super::scheduler::{self, HopperTile, TileOrder};
 use super::smem::Smem;
@@ -50,10 +50,11 @@ fn as_tiles<const R: usize, const TILES: usize>(acc: &mut WgmmaAccumulator<R>) -
 /// O and LSE.
 ///
 /// # Safety
-/// As [`super::hopper_forward`]; both consumer warpgroups call it.
+/// As [`super::hopper_forward`]; every consumer warpgroup calls it.
 #[inline(always)]
 pub unsafe fn compute_tiles<
     E: Element,
+    const BM: usize,
     const D: usize,
     const DT: usize,
     const BN: usize,
@@ -67,20 +68,20 @@ pub unsafe fn compute_tiles<
     const P_STEPS: usize,
 >(
     params: &HopperParams,
-    smem: &Smem<D, DT, BN, STAGES>,
+    smem: &Smem<BM, D, DT, BN, STAGES>,
     group: u32,
     thread: u32,
 ) {
     let (p, order) = (&params.forward, TileOrder::of(params));
-    let turns = GemmTurns::new(group);
+    let turns = GemmTurns::<BM>::new(group);
     let mut loads = Loads::default();
     loop {
         let index = scheduler::take(smem, loads.q_parity());
         if index >= order.tiles() {
             break;
         }
-        let tile = order.tile::<BN, CAUSAL, GENERAL>(p, index);
-        compute_tile::<E, D, DT, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
+        let tile = order.tile::<BM, BN, CAUSAL, GENERAL>(p, index);
+        compute_tile::<E, BM, D, DT, BN, STAGES, CAUSAL, GENERAL, S_REGS, O_REGS, S_TILES, O_TILES, P_STEPS>(
             p, smem, &tile, &turns, &loads, group, thread,
         );
         loads.advance(&tile);
@@ -95,6 +96,7 @@ pub unsafe fn compute_tiles<
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_tile<
     E: Element,
+    const BM: usize,
     const D: usize,
     const DT: usize,
     const BN: usize,
@@ -108,15 +110,15 @@ unsafe fn compute_tile<
     const P_STEPS: usize,
 >(
     p: &ForwardParams,
-    smem: &Smem<D, DT, BN, STAGES>,
+    smem: &Smem<BM, D, DT, BN, STAGES>,
     tile: &HopperTile,
-    turns: &GemmTurns,
+    turns: &GemmTurns<BM>,
     loads: &Loads,
     group: u32,
     thread: u32,
 ) {
     let (warp, lane) = (thread / 32, thread % 32);
-    let group_first_row = tile.first_row + 64 * group;
+    let group_first_row = tile.first_row + CONSUMER_ROWS * group;
     let logits = Logits::new::<GENERAL>(p, tile, group_first_row, warp, CAUSAL);
     let scale_log2 = logits.softmax_scale_log2();
 
@@ -131,7 +133,7 @@ unsafe fn compute_tile<
         let (first, first_parity) = loads.stage::<STAGES>(0);
         arch::mbarrier_wait_parity(smem.k_full(first), first_parity);
         turns.begin();
-        let mut s = issue_scores::<E, D, DT, BN, STAGES, S_REGS>(smem, group, first);
+        let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, group, first);
         turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut s);
@@ -149,9 +151,9 @@ unsafe fn compute_tile<
             let (previous, previous_parity) = loads.stage::<STAGES>(i - 1);
             arch::mbarrier_wait_parity(smem.k_full(stage), parity);
             turns.begin();
-            let mut s = issue_scores::<E, D, DT, BN, STAGES, S_REGS>(smem, group, stage);
+            let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, group, stage);
             arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
-            issue_output::<E, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
+            issue_output::<E, BM, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
             turns.end();
             // The scores' group is the older of the two in flight.
             arch::wgmma_wait_group::<1>();
@@ -178,19 +180,20 @@ unsafe fn compute_tile<
                 }
             }
         }
-        // Every `S = Q K^T` of the tile has completed: the producer may
-        // load the next tile's Q. Each thread arrives, after its own read
-        // of the tile slot.
+        // Every `S = Q K^T` of the consumer's rows has completed: once the
+        // other consumers' have too, the producer may load the next tile's
+        // Q. Each thread arrives, after its own read of the tile slot.
         arch::mbarrier_arrive(smem.q_empty());
         let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
         turns.begin();
-        issue_output::<E, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
+        issue_output::<E, BM, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], last);
         turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut o);
         release(lane, smem.v_empty(last));
     }
+    debug_assert!(group_first_row < tile.first_row + BM as u32);
     write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, scale_log2, &mut o, group_first_row + 16 * warp, lane);
 }
 
@@ -236,7 +239,7 @@ impl Logits {
             first_row: mask.first_row,
             diagonal: visibility.diagonal,
         };
-        let begin = visibility.keys_of_row(group_first_row as i32 + 63).0;
+        let begin = visibility.keys_of_row((group_first_row + CONSUMER_ROWS - 1) as i32).0;
         let end = visibility.keys_of_row(group_first_row as i32).1;
         Logits { mask, modifiers, unmasked: (begin, end) }
     }
@@ -266,45 +269,55 @@ impl Logits {
     }
 }
 
-/// The consumers' turns at issuing `wgmma`s, on two named barriers of
-/// both consumers' 256 threads: consumer `g` waits on barrier
-/// `FIRST_TURN_BARRIER + g` before each turn and arrives on the other's
-/// after it. Consumer 0 goes first: consumer 1 arrives once on consumer 0's
-/// barrier before its own first turn, and consumer 0 takes that arrival's
-/// match after its last turn ([`GemmTurns::finish`]), so that no arrival is
-/// pending when the block exits.
-struct GemmTurns {
+/// The consumers' turns at issuing `wgmma`s, a round of named barriers,
+/// one per consumer, each of 256 threads (the consumer that waits on it
+/// and the one before it in the round, that arrives): consumer `g` waits
+/// on barrier `FIRST_TURN_BARRIER + g` before each turn and arrives on the
+/// next consumer's after it. Consumer 0 goes first: the last consumer
+/// arrives once on consumer 0's barrier before its own first turn, and
+/// consumer 0 takes that arrival's match after its last turn
+/// ([`GemmTurns::finish`]), so that no arrival is pending when the block
+/// exits. Every consumer takes as many turns as the others (each one per
+/// key block of the same tiles, and one more per tile).
+struct GemmTurns<const BM: usize> {
     group: u32,
 }
 
-/// The first of the two named barriers of [`GemmTurns`] (0 is the block's
+/// The first of the named barriers of [`GemmTurns`] (0 is the block's
 /// `bar.sync 0`).
 const FIRST_TURN_BARRIER: u32 = 1;
+/// Threads of each turn barrier: two consumer warpgroups.
+const TURN_THREADS: u32 = 2 * WARPGROUP_THREADS;
 
-impl GemmTurns {
-    /// Consumer `group`'s turns; consumer 1 lets consumer 0 go first.
+impl<const BM: usize> GemmTurns<BM> {
+    /// The consumers of a tile of `BM` rows.
+    const CONSUMERS: u32 = BM as u32 / CONSUMER_ROWS;
+
+    /// Consumer `group`'s turns; the last consumer lets consumer 0 go first.
     #[inline(always)]
     fn new(group: u32) -> Self {
-        if group == 1 {
-            arch::named_barrier_arrive(FIRST_TURN_BARRIER, CONSUMER_THREADS);
+        if group == Self::CONSUMERS - 1 {
+            arch::named_barrier_arrive(FIRST_TURN_BARRIER, TURN_THREADS);
         }
         GemmTurns { group }
     }
 
-    /// Waits until the other consumer has issued its turn's `wgmma`s.
+    /// Waits until the consumer before in the round has issued its turn's
+    /// `wgmma`s.
     #[inline(always)]
     fn begin(&self) {
-        arch::named_barrier_sync(FIRST_TURN_BARRIER + self.group, CONSUMER_THREADS);
+        arch::named_barrier_sync(FIRST_TURN_BARRIER + self.group, TURN_THREADS);
     }
 
-    /// Hands the turn to the other consumer.
+    /// Hands the turn to the next consumer.
     #[inline(always)]
     fn end(&self) {
-        arch::named_barrier_arrive(FIRST_TURN_BARRIER + 1 - self.group, CONSUMER_THREADS);
+        let next = if self.group == Self::CONSUMERS - 1 { 0 } else { self.group + 1 };
+        arch::named_barrier_arrive(FIRST_TURN_BARRIER + next, TURN_THREADS);
     }
 
-    /// After the block's last turn: consumer 0 matches consumer 1's last
-    /// arrival (the one ahead of the first turn).
+    /// After the block's last turn: consumer 0 matches the last
+    /// consumer's last arrival (the one ahead of the first turn).
     #[inline(always)]
     fn finish(&self) {
         if self.group == 0 {
@@ -332,13 +345,14 @@ unsafe fn release(lane: u32, barrier: u32) {
 #[inline(always)]
 fn issue_scores<
     E: Element,
+    const BM: usize,
     const D: usize,
     const DT: usize,
     const BN: usize,
     const STAGES: usize,
     const S_REGS: usize,
 >(
-    smem: &Smem<D, DT, BN, STAGES>,
+    smem: &Smem<BM, D, DT, BN, STAGES>,
     group: u32,
     stage: u32,
 ) -> WgmmaAccumulator<S_REGS> {
@@ -358,6 +372,7 @@ fn issue_scores<
 #[inline(always)]
 fn issue_output<
     E: Element,
+    const BM: usize,
     const D: usize,
     const DT: usize,
     const BN: usize,
@@ -365,7 +380,7 @@ fn issue_output<
     const O_REGS: usize,
     const P_STEPS: usize,
 >(
-    smem: &Smem<D, DT, BN, STAGES>,
+    smem: &Smem<BM, D, DT, BN, STAGES>,
     o: &mut WgmmaAccumulator<O_REGS>,
     p: &[[u32; 4]; P_STEPS],
     stage: u32,
@@ -396,7 +411,6 @@ unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
     warp_first_row: u32,
     lane: u32,
 ) {
-    debug_assert!(warp_first_row < tile.first_row + HOPPER_BLOCK_M);
     let o_tiles = as_tiles::<O_REGS, O_TILES>(o);
     let (batch, head) = (tile.batch as i64, tile.head as i64);
     let o_base = p.o.offset((batch * p.o_batch_stride + head * p.o_head_stride) as isize);

@@ -28,6 +28,7 @@ use crate::arch;
 /// `p`'s tensor maps are the ABI's.
 #[inline(always)]
 pub unsafe fn load_tiles<
+    const BM: usize,
     const D: usize,
     const DT: usize,
     const BN: usize,
@@ -36,7 +37,7 @@ pub unsafe fn load_tiles<
     const GENERAL: bool,
 >(
     p: &HopperParams,
-    smem: &Smem<D, DT, BN, STAGES>,
+    smem: &Smem<BM, D, DT, BN, STAGES>,
 ) {
     // Made here, after `setmaxnreg`: what is live across it must fit the
     // producer's 24 registers.
@@ -49,7 +50,7 @@ pub unsafe fn load_tiles<
             arch::mbarrier_arrive(smem.q_full());
             return;
         }
-        let tile = order.tile::<BN, CAUSAL, GENERAL>(&p.forward, index);
+        let tile = order.tile::<BM, BN, CAUSAL, GENERAL>(&p.forward, index);
         load_tile(smem, &tile, &loads, p.tensor_maps, p.forward.heads_per_kv);
         loads.advance(&tile);
         index = order.next(index, p.tile_counter);
@@ -62,8 +63,8 @@ pub unsafe fn load_tiles<
 /// `maps` are the tensor maps of q, k and v; `heads_per_kv` query heads
 /// share a key/value head.
 #[inline(always)]
-unsafe fn load_tile<const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
-    smem: &Smem<D, DT, BN, STAGES>,
+unsafe fn load_tile<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<BM, D, DT, BN, STAGES>,
     tile: &HopperTile,
     loads: &Loads,
     maps: *const TensorMap,
@@ -73,7 +74,7 @@ unsafe fn load_tile<const D: usize, const DT: usize, const BN: usize, const STAG
         arch::mbarrier_arrive(smem.q_full());
         return;
     }
-    let slabs = Smem::<D, DT, BN, STAGES>::SLABS;
+    let slabs = Smem::<BM, D, DT, BN, STAGES>::SLABS;
     let batch = tile.batch as i32;
     let (q_map, k_map, v_map) = (maps, maps.add(1), maps.add(2));
     let q_head = tile.head as i32;
@@ -81,7 +82,7 @@ unsafe fn load_tile<const D: usize, const DT: usize, const BN: usize, const STAG
     core::hint::assert_unchecked(heads_per_kv != 0);
     let kv_head = (tile.head / heads_per_kv) as i32;
 
-    let q_bytes = Smem::<D, DT, BN, STAGES>::Q_BYTES;
+    let q_bytes = Smem::<BM, D, DT, BN, STAGES>::Q_BYTES;
     load_slabs(
         smem.q_full(),
         q_bytes,
@@ -90,8 +91,8 @@ unsafe fn load_tile<const D: usize, const DT: usize, const BN: usize, const STAG
         q_map,
         [tile.first_row as i32, q_head, batch],
     );
-    let (k_bytes, v_bytes) = (Smem::<D, DT, BN, STAGES>::K_BYTES, Smem::<D, DT, BN, STAGES>::V_BYTES);
-    let v_slabs = (Smem::<D, DT, BN, STAGES>::V_SLABS, Smem::<D, DT, BN, STAGES>::V_SLAB_COLUMNS);
+    let (k_bytes, v_bytes) = (Smem::<BM, D, DT, BN, STAGES>::K_BYTES, Smem::<BM, D, DT, BN, STAGES>::V_BYTES);
+    let v_slabs = (Smem::<BM, D, DT, BN, STAGES>::V_SLABS, Smem::<BM, D, DT, BN, STAGES>::V_SLAB_COLUMNS);
     for i in 0..tile.key_blocks() {
         let (stage, parity) = loads.stage::<STAGES>(i);
         let key_rows = [((tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];

@@ -1,5 +1,5 @@
-//! The tile scheduler: which tiles (128 query rows of one head and batch)
-//! each block computes, and in what order.
+//! The tile scheduler: which tiles (the config's `block_m` query rows of
+//! one head and batch) each block computes, and in what order.
 //!
 //! The host launches one block per tile, or persistent blocks, one per SM
 //! (its planner says where each is used). A block's first tile is its
@@ -14,15 +14,15 @@
 //! query block (the rows that see the most keys) to its first, so that
 //! the light tiles come last and fill in around the heavy ones.
 
-use flash_attn_abi::hopper::{HopperParams, HOPPER_BLOCK_M};
+use flash_attn_abi::hopper::HopperParams;
 
 use super::smem::Smem;
 use crate::arch;
 use crate::params::ForwardParams;
 use crate::problem::Visibility;
 
-/// What a block works on for one tile: 128 query rows of one head and
-/// batch, and the key blocks its rows see.
+/// What a block works on for one tile: `block_m` query rows of one head
+/// and batch, and the key blocks its rows see.
 #[derive(Clone, Copy)]
 pub struct HopperTile {
     pub head: u32,
@@ -85,10 +85,10 @@ impl TileOrder {
         }
     }
 
-    /// Tile `index` of the order. The general kernels read the window from
-    /// the parameters; the others fix it.
+    /// Tile `index` of the order, of `BM` rows. The general kernels read
+    /// the window from the parameters; the others fix it.
     #[inline(always)]
-    pub fn tile<const BN: usize, const CAUSAL: bool, const GENERAL: bool>(
+    pub fn tile<const BM: usize, const BN: usize, const CAUSAL: bool, const GENERAL: bool>(
         &self,
         p: &ForwardParams,
         index: u32,
@@ -98,7 +98,7 @@ impl TileOrder {
         unsafe { core::hint::assert_unchecked(self.query_blocks != 0 && self.heads != 0) };
         let (block_of_head, head_batch) = (index % self.query_blocks, index / self.query_blocks);
         let query_block = if CAUSAL { self.query_blocks - 1 - block_of_head } else { block_of_head };
-        let first_row = query_block * HOPPER_BLOCK_M;
+        let first_row = query_block * BM as u32;
         let (left, right) = if GENERAL { (p.window_left, p.window_right) } else { (-1, if CAUSAL { 0 } else { -1 }) };
         // The diagonal derived here, for each tile (`xor_in_place` keeps
         // LLVM from hoisting it): held through the loop, it was the value
@@ -106,7 +106,7 @@ impl TileOrder {
         let seqlen_k = arch::xor_in_place(p.seqlen_k, 0);
         let visibility =
             Visibility { seqlen_k: seqlen_k as i32, diagonal: seqlen_k as i32 - p.seqlen_q as i32, left, right };
-        let last_row = (first_row + HOPPER_BLOCK_M).min(p.seqlen_q) - 1;
+        let last_row = (first_row + BM as u32).min(p.seqlen_q) - 1;
         let (key_block_begin, key_block_end) = visibility.key_blocks(first_row, last_row, BN as u32);
         HopperTile {
             head: head_batch % self.heads,
@@ -129,8 +129,8 @@ impl TileOrder {
 /// # Safety
 /// The producer's one thread calls it, after the barriers were initialised.
 #[inline(always)]
-pub unsafe fn hand_over<const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
-    smem: &Smem<D, DT, BN, STAGES>,
+pub unsafe fn hand_over<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<BM, D, DT, BN, STAGES>,
     index: u32,
     q_parity: u32,
 ) {
@@ -145,8 +145,8 @@ pub unsafe fn hand_over<const D: usize, const DT: usize, const BN: usize, const 
 /// # Safety
 /// Every consumer thread calls it, after the barriers were initialised.
 #[inline(always)]
-pub unsafe fn take<const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
-    smem: &Smem<D, DT, BN, STAGES>,
+pub unsafe fn take<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
+    smem: &Smem<BM, D, DT, BN, STAGES>,
     q_parity: u32,
 ) -> u32 {
     arch::mbarrier_wait_parity(smem.q_full(), q_parity);

@@ -16,8 +16,7 @@
 //! leading byte offset apart.
 
 use flash_attn_abi::hopper::{
-    v_slab_columns, HopperSmem, CONSUMER_THREADS, CONSUMER_WARPS, HOPPER_BLOCK_M, SLAB_COLUMNS, SLAB_ROW_BYTES,
-    SMEM_ALIGN,
+    v_slab_columns, HopperSmem, CONSUMER_ROWS, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN, WARPGROUP_THREADS,
 };
 use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
@@ -26,18 +25,25 @@ use crate::arch;
 /// Bytes of one 8-row group of a Q or K slab: the swizzle's repeat.
 const GROUP_BYTES: u32 = 8 * SLAB_ROW_BYTES;
 
-/// The block's shared memory for head dim `D` in Q and K tiles of `DT`
-/// columns (the config's `tile_dim`), `BN` keys per stage and `STAGES`
-/// stages, at a 1024-byte aligned base.
+/// The block's shared memory for tiles of `BM` query rows (the config's
+/// `block_m`), head dim `D` in Q and K tiles of `DT` columns (its
+/// `tile_dim`), `BN` keys per stage and `STAGES` stages, at a 1024-byte
+/// aligned base.
 #[derive(Clone, Copy)]
-pub struct Smem<const D: usize, const DT: usize, const BN: usize, const STAGES: usize> {
+pub struct Smem<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize> {
     base: u32,
     layout: HopperSmem,
 }
 
-impl<const D: usize, const DT: usize, const BN: usize, const STAGES: usize> Smem<D, DT, BN, STAGES> {
-    /// Bytes of one slab of Q (128 rows) and of K (`BN` rows).
-    pub const Q_SLAB_BYTES: u32 = HOPPER_BLOCK_M * SLAB_ROW_BYTES;
+impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize>
+    Smem<BM, D, DT, BN, STAGES>
+{
+    /// Consumer warpgroups, 64 rows of Q each, and their threads and warps.
+    pub const CONSUMERS: u32 = BM as u32 / CONSUMER_ROWS;
+    pub const CONSUMER_THREADS: u32 = Self::CONSUMERS * WARPGROUP_THREADS;
+    pub const CONSUMER_WARPS: u32 = Self::CONSUMER_THREADS / 32;
+    /// Bytes of one slab of Q (`BM` rows) and of K (`BN` rows).
+    pub const Q_SLAB_BYTES: u32 = BM as u32 * SLAB_ROW_BYTES;
     pub const K_SLAB_BYTES: u32 = BN as u32 * SLAB_ROW_BYTES;
     pub const SLABS: u32 = DT as u32 / SLAB_COLUMNS;
     /// V's slabs: columns, bytes of a row and of a slab, and slabs.
@@ -57,7 +63,8 @@ impl<const D: usize, const DT: usize, const BN: usize, const STAGES: usize> Smem
     #[inline(always)]
     pub fn at(dynamic_base: u32) -> Self {
         const { assert!(DT.is_multiple_of(SLAB_COLUMNS as usize) && D.is_multiple_of(Self::V_SLAB_COLUMNS as usize)) }
-        let layout = HopperSmem::of(DT as u32, D as u32, BN as u32, STAGES as u32);
+        const { assert!(BM.is_multiple_of(CONSUMER_ROWS as usize)) }
+        let layout = HopperSmem::of(BM as u32, DT as u32, D as u32, BN as u32, STAGES as u32);
         Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout }
     }
 
@@ -139,12 +146,12 @@ impl<const D: usize, const DT: usize, const BN: usize, const STAGES: usize> Smem
     #[inline(always)]
     pub unsafe fn init_barriers(&self) {
         arch::mbarrier_init(self.q_full(), 1);
-        arch::mbarrier_init(self.q_empty(), CONSUMER_THREADS);
+        arch::mbarrier_init(self.q_empty(), Self::CONSUMER_THREADS);
         for stage in 0..STAGES as u32 {
             arch::mbarrier_init(self.k_full(stage), 1);
-            arch::mbarrier_init(self.k_empty(stage), CONSUMER_WARPS);
+            arch::mbarrier_init(self.k_empty(stage), Self::CONSUMER_WARPS);
             arch::mbarrier_init(self.v_full(stage), 1);
-            arch::mbarrier_init(self.v_empty(stage), CONSUMER_WARPS);
+            arch::mbarrier_init(self.v_empty(stage), Self::CONSUMER_WARPS);
         }
         arch::fence_mbarrier_init();
     }
@@ -153,7 +160,7 @@ impl<const D: usize, const DT: usize, const BN: usize, const STAGES: usize> Smem
     /// (columns `16 * step..`): the A operand of `S = Q K^T`.
     #[inline(always)]
     pub fn q_operand(&self, group: u32, step: u32) -> u64 {
-        k_major(self.q(step / 4) + group * 64 * SLAB_ROW_BYTES + 32 * (step % 4))
+        k_major(self.q(step / 4) + group * CONSUMER_ROWS * SLAB_ROW_BYTES + 32 * (step % 4))
     }
 
     /// The descriptor of K of `stage` at k-step `step`: the B operand of
