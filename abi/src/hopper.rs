@@ -4,10 +4,11 @@
 //! A block is a producer warpgroup that issues TMA loads of each tile's Q
 //! and of K and V into a ring of [`HopperConfig::stages`] stages, and two
 //! or three consumer warpgroups ([`HopperConfig::consumers`]) that each own
-//! 64 query rows of the tile and run `wgmma` on them; a block takes one tile or, persistent, several. The
-//! table lists every instance once ([`hopper_kernels!`](crate::hopper_kernels));
-//! the device crate makes the entry points of `host/kernels-sm90a.ptx` from
-//! it and the host loads them on compute capability 9.0.
+//! 64 query rows of the tile and run `wgmma` on them; a block takes one
+//! tile or, persistent, several. The table lists every instance once
+//! ([`hopper_kernels!`](crate::hopper_kernels)); the device crate makes the
+//! entry points of `host/kernels-sm90a.ptx` from it and the host loads them
+//! on compute capability 9.0.
 
 use crate::kernels::{Dtype, Variant};
 use crate::params::ForwardParams;
@@ -97,18 +98,6 @@ impl HopperConfig {
     /// Threads per block: the producer warpgroup and the consumers.
     pub const fn threads(&self) -> u32 {
         WARPGROUP_THREADS * (1 + self.consumers)
-    }
-
-    /// Threads of the consumer warpgroups.
-    pub const fn consumer_threads(&self) -> u32 {
-        WARPGROUP_THREADS * self.consumers
-    }
-
-    /// Consumer warps, each of which releases a K or V stage once its
-    /// `wgmma`s reading it are done: the arrival count of the empty
-    /// barriers.
-    pub const fn consumer_warps(&self) -> u32 {
-        self.consumer_threads() / 32
     }
 
     /// Registers per thread after `setmaxnreg`, `(producer, consumer)`:
