@@ -74,9 +74,9 @@ impl Loads {
 /// general (windows, softcap and ALiBi from the parameters) or neither,
 /// the registers per thread of the producer (`PRODUCER_REGS`) and of each
 /// consumer (`CONSUMER_REGS`) after `setmaxnreg`; the rest are the array
-/// sizes that follow (Rust cannot derive them): `S_REGS = BN / 2` and `O_REGS = D / 2`
-/// accumulator registers, `S_TILES = BN / 8` and `O_TILES = D / 8`
-/// n8-tiles, `P_STEPS = BN / 16` k-steps of `P V`.
+/// sizes that follow (Rust cannot derive them): `S_REGS = BN / 2` and
+/// `O_REGS = D / 2` accumulator registers, `S_TILES = BN / 8` and
+/// `O_TILES = D / 8` n8-tiles, `P_STEPS = BN / 16` k-steps of `P V`.
 ///
 /// # Safety
 /// Launched with the config's threads (`.maxntid` of them), the

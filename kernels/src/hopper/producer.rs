@@ -40,7 +40,7 @@ pub unsafe fn load_tiles<
     smem: &Smem<BM, D, DT, BN, STAGES>,
 ) {
     // Made here, after `setmaxnreg`: what is live across it must fit the
-    // producer's 24 registers.
+    // producer's registers (24, or 32 beside three consumers).
     let order = TileOrder::of(p);
     let mut loads = Loads::default();
     let mut index = order.first();
