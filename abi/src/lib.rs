@@ -11,6 +11,7 @@
 //!   shared-memory layout and argument block.
 //! - [`hopper`]: the sm_90a forward kernels' table, tile configuration,
 //!   shared-memory layout and argument block.
+//! - [`hopper_backward`]: the same for the sm_90a main backward kernels.
 //! - [`sm90`]: what the sm_90a primitives read from memory: the TMA tensor
 //!   map (our encoding of `cuTensorMapEncodeTiled`'s parameters) and the
 //!   wgmma shared-memory matrix descriptor.
@@ -21,6 +22,7 @@
 pub mod backward;
 pub mod config;
 pub mod hopper;
+pub mod hopper_backward;
 pub mod kernels;
 pub mod params;
 pub mod sm90;

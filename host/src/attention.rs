@@ -13,7 +13,7 @@ use crate::kvcache::KvCache;
 use crate::launch::{launch, launch_backward};
 use crate::memory::{DeviceView, DeviceViewMut};
 use crate::module::{KernelModule, KernelResources};
-use crate::plan::{plan_backward, plan_for, KernelFamily, OutputAddrs, Plan};
+use crate::plan::{plan_backward_for, plan_for, KernelFamily, OutputAddrs, Plan};
 use crate::stream::{LaunchStream, StreamOrder};
 use crate::tensor::{Element, Gradients, Tensor, TensorMut};
 use crate::validate::{
@@ -368,7 +368,12 @@ impl FlashAttention {
         let context = self.module.context();
         context.with_current(|| {
             context.check_stream(stream)?;
-            let plan = plan_backward(&call, self.module.sm_count())?;
+            let family = if self.module.has_sm90a() {
+                KernelFamily::Sm90a { sm_count: self.module.sm_count() }
+            } else {
+                KernelFamily::Sm80
+            };
+            let plan = plan_backward_for(&call, self.module.sm_count(), family)?;
             self.module.load_backward(plan.kernel)?;
             launch_backward(&self.module, &plan, &mut Scratch::Workspace(workspace), stream)?;
             Ok(call.forward.problem)

@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 
 use flash_attn_abi::hopper::HopperScratch;
+use flash_attn_abi::hopper_backward::HopperBackwardScratch;
 
 use crate::driver::{check, driver, encode_tensor_map, CUfunction, CUstream};
 use crate::error::Result;
@@ -41,6 +42,11 @@ pub(crate) fn launch_backward(
     stream: CUstream,
 ) -> Result<()> {
     let base = scratch.reserve(plan.scratch_bytes)?;
+    if let Some(hopper) = &plan.hopper {
+        let [q, k, v, d_o] = hopper.maps.each_ref().map(encode_tensor_map);
+        let uploaded = HopperBackwardScratch { tensor_maps: [q?, k?, v?, d_o?] };
+        upload_async(base + plan.tensor_maps as u64, &[uploaded], stream)?;
+    }
     run_launches(module, &plan.launches(base), stream)
 }
 
@@ -52,6 +58,7 @@ fn run_launches(module: &KernelModule, launches: &[Launch], stream: CUstream) ->
             KernelArgs::Forward(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Backward(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Hopper(a) => std::ptr::from_mut(a).cast(),
+            KernelArgs::HopperBackward(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Combine(a) => std::ptr::from_mut(a).cast(),
             KernelArgs::Append(a) => std::ptr::from_mut(a).cast(),
         };

@@ -144,6 +144,7 @@ pub use error::{Error, Result};
 pub use flash_attn_abi::backward::{BackwardKernel, BACKWARD_KERNELS};
 use flash_attn_abi::config;
 pub use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
+pub use flash_attn_abi::hopper_backward::{HopperBackwardKernel, HOPPER_BACKWARD_KERNELS};
 pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
 pub use half::{bf16, f16};
 #[cfg(feature = "cust")]
@@ -172,8 +173,8 @@ pub mod pipeline {
     };
     pub use crate::driver::encode_tensor_map;
     pub use crate::plan::{
-        plan, plan_backward, plan_for, BackwardPlan, HopperLaunch, KernelArgs, KernelFamily, Launch, OutputAddrs, Plan,
-        ScratchLayout, MAX_DETERMINISTIC_LAUNCHES,
+        plan, plan_backward, plan_backward_for, plan_for, BackwardPlan, HopperBackwardLaunch, HopperLaunch, KernelArgs,
+        KernelFamily, Launch, OutputAddrs, Plan, ScratchLayout, MAX_DETERMINISTIC_LAUNCHES,
     };
     pub use crate::validate::{
         validate, validate_backward, validate_kvcache, validate_varlen, BackwardTensors, CacheArgs, OffsetsArg,
@@ -181,5 +182,6 @@ pub mod pipeline {
     };
     pub use flash_attn_abi::backward::BackwardParams;
     pub use flash_attn_abi::hopper::{HopperParams, HopperScratch};
+    pub use flash_attn_abi::hopper_backward::{HopperBackwardParams, HopperBackwardScratch};
     pub use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams};
 }

@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock};
 
 use flash_attn_abi::backward::{backward_finish_kernel, backward_prepare_kernel, BackwardKernel, BACKWARD_KERNELS};
 use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
+use flash_attn_abi::hopper_backward::{HopperBackwardKernel, HOPPER_BACKWARD_KERNELS};
 use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
 
 use crate::context::ContextRef;
@@ -16,7 +17,8 @@ use crate::error::{Error, Result};
 /// The kernels' PTX (sm_80), built from `kernels/` by `cargo xtask build-ptx`.
 pub const PTX: &str = include_str!("../kernels.ptx");
 
-/// The sm_90a kernels' PTX ([`HOPPER_KERNELS`]), loaded beside [`PTX`] on
+/// The sm_90a kernels' PTX ([`HOPPER_KERNELS`] and
+/// [`HOPPER_BACKWARD_KERNELS`]), loaded beside [`PTX`] on
 /// compute capability 9.0 only (`sm_90a` code runs on no other GPU).
 pub const PTX_SM90A: &str = include_str!("../kernels-sm90a.ptx");
 
@@ -31,6 +33,8 @@ pub enum Kernel {
     Attention(&'static AttentionKernel),
     /// A row of the ABI's table of sm_90a kernels.
     Hopper(&'static HopperKernel),
+    /// A row of the ABI's table of sm_90a main backward kernels.
+    HopperBackward(&'static HopperBackwardKernel),
     /// The split-KV merge of an element type.
     Combine(Dtype),
     /// The KV cache append.
@@ -49,6 +53,7 @@ impl Kernel {
         match self {
             Kernel::Attention(kernel) => kernel.name,
             Kernel::Hopper(kernel) => kernel.name,
+            Kernel::HopperBackward(kernel) => kernel.name,
             Kernel::Combine(dtype) => combine_kernel(dtype),
             Kernel::Append => APPEND_KERNEL,
             Kernel::Backward(kernel) => kernel.name,
@@ -105,8 +110,9 @@ pub(crate) struct KernelModule {
     combine: [CUfunction; 2],
     append: CUfunction,
     /// The sm_90a module and its kernels (one per row of
-    /// [`HOPPER_KERNELS`]), on compute capability 9.0 unless the caller
-    /// asked for the sm_80 kernels only.
+    /// [`HOPPER_KERNELS`], then one per row of [`HOPPER_BACKWARD_KERNELS`]),
+    /// on compute capability 9.0 unless the caller asked for the sm_80
+    /// kernels only.
     hopper: Option<(CUmodule, Vec<CUfunction>)>,
     /// The backward module, loaded by the first backward call (a program
     /// that never calls it does not pay the driver's compile of its PTX);
@@ -174,10 +180,12 @@ impl KernelModule {
         if sm90a && (major, minor) == (9, 0) && d.tensor_map_encode_tiled.is_some() {
             let module = load_module(PTX_SM90A)?;
             // Owned by `loaded` from here on, unloaded in its `drop`.
-            loaded.hopper = Some((module, Vec::with_capacity(HOPPER_KERNELS.len())));
-            for kernel in HOPPER_KERNELS {
-                let function = get_function(module, kernel.name)?;
-                allow_dynamic_smem(function, kernel.config.smem_bytes())?;
+            loaded.hopper = Some((module, Vec::with_capacity(HOPPER_KERNELS.len() + HOPPER_BACKWARD_KERNELS.len())));
+            let forward = HOPPER_KERNELS.iter().map(|k| (k.name, k.config.smem_bytes()));
+            let backward = HOPPER_BACKWARD_KERNELS.iter().map(|k| (k.name, k.config.smem_bytes()));
+            for (name, smem) in forward.chain(backward) {
+                let function = get_function(module, name)?;
+                allow_dynamic_smem(function, smem)?;
                 if let Some((_, functions)) = &mut loaded.hopper {
                     functions.push(function);
                 }
@@ -283,6 +291,11 @@ impl KernelModule {
                 // Plans name sm_90a kernels only when the module is loaded.
                 self.hopper.as_ref().expect("the sm_90a module is loaded").1[index]
             }
+            Kernel::HopperBackward(kernel) => {
+                let index = HOPPER_BACKWARD_KERNELS.iter().position(|k| k == kernel).expect("a row of the table");
+                // After the forward kernels; plans name them only when the module is loaded.
+                self.hopper.as_ref().expect("the sm_90a module is loaded").1[HOPPER_KERNELS.len() + index]
+            }
             Kernel::Combine(Dtype::F16) => self.combine[0],
             Kernel::Combine(Dtype::Bf16) => self.combine[1],
             Kernel::Append => self.append,
@@ -317,7 +330,10 @@ impl KernelModule {
             check("cuFuncGetAttribute", status).map(|()| value as u32)
         };
         let sm90a = match &self.hopper {
-            Some((_, functions)) => HOPPER_KERNELS.iter().map(|k| k.name).zip(functions).collect(),
+            Some((_, functions)) => {
+                let backward = HOPPER_BACKWARD_KERNELS.iter().map(|k| k.name);
+                HOPPER_KERNELS.iter().map(|k| k.name).chain(backward).zip(functions).collect()
+            }
             None => Vec::new(),
         };
         let backward: Vec<(&str, &CUfunction)> = match self.backward.get() {
@@ -428,18 +444,23 @@ mod tests {
         assert_eq!(PTX_BACKWARD.matches(".visible .entry ").count(), names.len());
     }
 
-    /// As above, for the sm_90a module: every row of its table, for sm_90a,
-    /// with the launch bounds `setmaxnreg` needs.
+    /// As above, for the sm_90a module: every row of its two tables (the
+    /// forward and the main backward kernels), for sm_90a, with the launch
+    /// bounds `setmaxnreg` needs.
     #[test]
     fn embedded_sm90a_ptx_exports_every_hopper_kernel() {
         assert!(PTX_SM90A.contains(".target sm_90a"), "PTX must target sm_90a");
-        for kernel in HOPPER_KERNELS {
-            let entry = format!(".visible .entry {}(", kernel.name);
-            let at = PTX_SM90A.find(&entry).unwrap_or_else(|| panic!("{} missing", kernel.name));
+        let forward = HOPPER_KERNELS.iter().map(|k| (k.name, format!(".maxntid {}, 1, 1\n{{", k.config.threads())));
+        let backward = HOPPER_BACKWARD_KERNELS
+            .iter()
+            .map(|k| (k.name, format!(".maxntid {}, 1, 1\n.minnctapersm 1\n{{", k.config.threads())));
+        for (name, bounds) in forward.chain(backward) {
+            let entry = format!(".visible .entry {name}(");
+            let at = PTX_SM90A.find(&entry).unwrap_or_else(|| panic!("{name} missing"));
             let body = PTX_SM90A[at..].find("\n{").expect("a kernel body") + at;
-            let bounds = format!(".maxntid {}, 1, 1", kernel.config.threads());
-            assert!(PTX_SM90A[at..body].contains(&bounds), "{} has no {bounds}", kernel.name);
+            assert!(PTX_SM90A[at..body + 2].ends_with(&bounds), "{name} has no {bounds}");
         }
-        assert_eq!(PTX_SM90A.matches(".visible .entry ").count(), HOPPER_KERNELS.len());
+        let kernels = HOPPER_KERNELS.len() + HOPPER_BACKWARD_KERNELS.len();
+        assert_eq!(PTX_SM90A.matches(".visible .entry ").count(), kernels);
     }
 }

@@ -13,6 +13,10 @@ use flash_attn_abi::config::MAX_ROW_STRIDE;
 use std::mem::offset_of;
 
 use flash_attn_abi::hopper::{hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, SLAB_COLUMNS};
+use flash_attn_abi::hopper_backward::{
+    hopper_backward_kernel, HopperBackwardKernel, HopperBackwardParams, HopperBackwardScratch, HOPPER_BACKWARD_BLOCK_M,
+    HOPPER_BACKWARD_BLOCK_N,
+};
 use flash_attn_abi::kernels::{
     attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
 };
@@ -298,6 +302,7 @@ pub enum KernelArgs {
     Forward(ForwardParams),
     Backward(BackwardParams),
     Hopper(HopperParams),
+    HopperBackward(HopperBackwardParams),
     Combine(CombineParams),
     Append(AppendParams),
 }
@@ -406,6 +411,20 @@ pub struct BackwardPlan {
     pub delta: usize,
     pub d_q_accum: usize,
     pub scratch_bytes: usize,
+    /// The sm_90a main kernel instead of [`Self::kernel`] (prepare and
+    /// finish stay the portable ones), with the tensor maps the launch
+    /// encodes into the scratch at [`Self::tensor_maps`].
+    pub hopper: Option<HopperBackwardLaunch>,
+    pub tensor_maps: usize,
+}
+
+/// The sm_90a main backward kernel of a call, and the tensor maps of its
+/// q, k, v and dO.
+#[derive(Clone, Copy, Debug)]
+pub struct HopperBackwardLaunch {
+    pub kernel: &'static HopperBackwardKernel,
+    pub grid: [u32; 3],
+    pub maps: [TensorMapParams; 4],
 }
 
 impl BackwardPlan {
@@ -425,12 +444,24 @@ impl BackwardPlan {
             smem_bytes: 0,
             args: KernelArgs::Backward(args),
         };
-        let main = (0..self.key_launches).map(|i| Launch {
-            kernel: Kernel::Backward(self.kernel),
-            grid: self.key_grid,
-            threads: config.threads(),
-            smem_bytes: config.smem_bytes(),
-            args: KernelArgs::Backward(BackwardParams { first_key_block: i * self.key_grid[0], ..args }),
+        let main = (0..self.key_launches).map(|i| match &self.hopper {
+            Some(hopper) => Launch {
+                kernel: Kernel::HopperBackward(hopper.kernel),
+                grid: hopper.grid,
+                threads: hopper.kernel.config.threads(),
+                smem_bytes: hopper.kernel.config.smem_bytes(),
+                args: KernelArgs::HopperBackward(HopperBackwardParams {
+                    backward: args,
+                    tensor_maps: (scratch + self.tensor_maps as u64) as *const TensorMap,
+                }),
+            },
+            None => Launch {
+                kernel: Kernel::Backward(self.kernel),
+                grid: self.key_grid,
+                threads: config.threads(),
+                smem_bytes: config.smem_bytes(),
+                args: KernelArgs::Backward(BackwardParams { first_key_block: i * self.key_grid[0], ..args }),
+            },
         });
         std::iter::once(rows(Kernel::BackwardPrepare(dtype)))
             .chain(main)
@@ -439,13 +470,21 @@ impl BackwardPlan {
     }
 }
 
+/// Plans the backward `call` on the sm_80 kernels of a GPU of `sm_count`
+/// SMs ([`plan_backward_for`] with [`KernelFamily::Sm80`]).
+pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPlan> {
+    plan_backward_for(call, sm_count, KernelFamily::Sm80)
+}
+
 /// Plans the backward `call` on a GPU of `sm_count` SMs: the main kernel of
 /// its head dim and element type, the grids, and the scratch (delta and the
 /// dQ accumulator, f32, one and `head_dim` per lse value). In the
 /// deterministic mode, one accumulator per split: enough splits that a
 /// launch's grid covers each SM twice, at most one per key block, and as
-/// many launches of the main kernel as that takes.
-pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPlan> {
+/// many launches of the main kernel as that takes. With
+/// [`KernelFamily::Sm90a`], the sm_90a main kernel where it takes the call
+/// ([`hopper_backward_launch`]).
+pub fn plan_backward_for(call: &BackwardCall, sm_count: usize, family: KernelFamily) -> Result<BackwardPlan> {
     let f = &call.forward;
     let p = &f.problem;
     let kernel = u32::try_from(p.head_dim)
@@ -505,8 +544,15 @@ pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPla
     let delta_bytes = round(call.lse_rows.checked_mul(4).ok_or_else(overflow)?)?;
     let accum = [p.head_dim, 4, dq_splits.max(1)].into_iter().try_fold(call.lse_rows, |n, m| n.checked_mul(m));
     let accum_bytes = round(accum.ok_or_else(overflow)?)?;
+    let hopper = match family {
+        KernelFamily::Sm90a { .. } => hopper_backward_launch(call),
+        KernelFamily::Sm80 => None,
+    };
+    // The tensor maps (128 bytes each, 64-byte aligned) after the accumulator.
+    let maps_bytes = if hopper.is_some() { std::mem::size_of::<HopperBackwardScratch>() } else { 0 };
+    let tensor_maps = delta_bytes.checked_add(accum_bytes).ok_or_else(overflow)?;
     let scratch_bytes =
-        delta_bytes.checked_add(accum_bytes).filter(|&n| n <= isize::MAX as usize).ok_or_else(overflow)?;
+        tensor_maps.checked_add(maps_bytes).filter(|&n| n <= isize::MAX as usize).ok_or_else(overflow)?;
     let (batch, heads_q, heads_kv) = (p.batch as u32, p.heads_q as u32, p.heads_kv as u32);
     Ok(BackwardPlan {
         kernel,
@@ -517,7 +563,77 @@ pub fn plan_backward(call: &BackwardCall, sm_count: usize) -> Result<BackwardPla
         delta: 0,
         d_q_accum: delta_bytes,
         scratch_bytes,
+        hopper,
+        tensor_maps,
     })
+}
+
+/// The sm_90a main backward kernel for `call`, with the tensor maps of its
+/// q, k, v and dO, if the call is one those kernels take: dense sequences,
+/// not deterministic, unmasked or causal without softcap or ALiBi, a head
+/// dim and element type of the table, and the tensors as TMA reads them.
+fn hopper_backward_launch(call: &BackwardCall) -> Option<HopperBackwardLaunch> {
+    let f = &call.forward;
+    let p = &f.problem;
+    let variant = match f.mask {
+        Mask::None => Variant::Full,
+        Mask::Causal => Variant::Causal,
+        Mask::Window { .. } => return None,
+    };
+    let plain = f.softcap.is_none() && f.alibi.is_none() && !call.deterministic;
+    if !(plain && f.sequences == Sequences::Dense && f.append.is_none() && p.seqlen_q > 0 && p.seqlen_k > 0) {
+        return None;
+    }
+    let kernel = hopper_backward_kernel(u32::try_from(p.head_dim).ok()?, f.dtype, variant)?;
+    let rows = (SLAB_COLUMNS, HOPPER_BACKWARD_BLOCK_M);
+    let keys = (SLAB_COLUMNS, HOPPER_BACKWARD_BLOCK_N);
+    let maps = [
+        tma_map(f, &f.q, p.seqlen_q, p.heads_q, rows),
+        tma_map(f, &f.k, p.seqlen_k, p.heads_kv, keys),
+        tma_map(f, &f.v, p.seqlen_k, p.heads_kv, keys),
+        tma_map(f, &call.d_o, p.seqlen_q, p.heads_q, rows),
+    ];
+    if maps.iter().any(|m| m.validate().is_err()) {
+        return None;
+    }
+    let grid = kernel.config.grid(u32::try_from(p.seqlen_k).ok()?, p.heads_kv as u32, p.batch as u32);
+    if grid[0] > i32::MAX as u32 {
+        return None;
+    }
+    Some(HopperBackwardLaunch { kernel, grid, maps })
+}
+
+/// The tensor map TMA reads `t` through: `[batch, seqlen, heads,
+/// head_dim]` as (head_dim, seqlen, heads, batch), innermost first, in boxes
+/// of `columns` (64: the 128-byte swizzle, 32: the 64-byte one) and `rows`
+/// rows, zero-filled past each dimension.
+fn tma_map(call: &Call, t: &TensorAt, seqlen: usize, heads: usize, (columns, rows): (u32, u32)) -> TensorMapParams {
+    let p = &call.problem;
+    let data_type = match call.dtype {
+        Dtype::F16 => TensorDataType::F16,
+        Dtype::Bf16 => TensorDataType::Bf16,
+    };
+    let [batch_stride, row_stride, head_stride] = t.strides.map(|s| 2 * s as u64);
+    let sizes = [seqlen, heads, p.batch].map(|n| n as u64);
+    // A dimension of one index never steps: any stride TMA takes.
+    let stride = |n: u64, stride: u64| if n == 1 { 16 } else { stride };
+    TensorMapParams {
+        data_type,
+        rank: 4,
+        global_address: t.addr,
+        global_dims: [p.head_dim as u64, sizes[0], sizes[1], sizes[2], 1],
+        global_strides: [
+            stride(sizes[0], row_stride),
+            stride(sizes[1], head_stride),
+            stride(sizes[2], batch_stride),
+            0,
+        ],
+        box_dims: [columns, rows, 1, 1, 1],
+        element_strides: [1; 5],
+        swizzle: if columns == SLAB_COLUMNS { TmaSwizzle::B128 } else { TmaSwizzle::B64 },
+        l2_promotion: L2Promotion::B256,
+        oob_fill: OobFill::Zero,
+    }
 }
 
 /// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,
@@ -542,41 +658,11 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
         return None;
     }
     let kernel = hopper_kernel(u32::try_from(p.head_dim).ok()?, call.dtype, variant)?;
-    let data_type = match call.dtype {
-        Dtype::F16 => TensorDataType::F16,
-        Dtype::Bf16 => TensorDataType::Bf16,
-    };
-    // [batch, seqlen, heads, head_dim] as (head_dim, seqlen, heads, batch),
-    // innermost first; boxes of `columns` (64: the 128-byte swizzle, 32:
-    // the 64-byte one) and `rows` rows.
-    let map = |t: &TensorAt, seqlen: usize, heads: usize, (columns, rows): (u32, u32)| {
-        let [batch_stride, row_stride, head_stride] = t.strides.map(|s| 2 * s as u64);
-        let sizes = [seqlen, heads, p.batch].map(|n| n as u64);
-        // A dimension of one index never steps: any stride TMA takes.
-        let stride = |n: u64, stride: u64| if n == 1 { 16 } else { stride };
-        TensorMapParams {
-            data_type,
-            rank: 4,
-            global_address: t.addr,
-            global_dims: [p.head_dim as u64, sizes[0], sizes[1], sizes[2], 1],
-            global_strides: [
-                stride(sizes[0], row_stride),
-                stride(sizes[1], head_stride),
-                stride(sizes[2], batch_stride),
-                0,
-            ],
-            box_dims: [columns, rows, 1, 1, 1],
-            element_strides: [1; 5],
-            swizzle: if columns == SLAB_COLUMNS { TmaSwizzle::B128 } else { TmaSwizzle::B64 },
-            l2_promotion: L2Promotion::B256,
-            oob_fill: OobFill::Zero,
-        }
-    };
     let block_n = kernel.config.block_n;
     let maps = [
-        map(&call.q, p.seqlen_q, p.heads_q, (SLAB_COLUMNS, kernel.config.block_m())),
-        map(&call.k, p.seqlen_k, p.heads_kv, (SLAB_COLUMNS, block_n)),
-        map(&call.v, p.seqlen_k, p.heads_kv, (kernel.config.v_slab_columns(), block_n)),
+        tma_map(call, &call.q, p.seqlen_q, p.heads_q, (SLAB_COLUMNS, kernel.config.block_m())),
+        tma_map(call, &call.k, p.seqlen_k, p.heads_kv, (SLAB_COLUMNS, block_n)),
+        tma_map(call, &call.v, p.seqlen_k, p.heads_kv, (kernel.config.v_slab_columns(), block_n)),
     ];
     if maps.iter().any(|m| m.validate().is_err()) {
         return None;

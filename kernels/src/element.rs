@@ -13,7 +13,7 @@ pub trait Element {
     fn unpack(x: u32) -> (f32, f32);
     /// `wgmma.mma_async` of this type with A and B in shared memory
     /// ([`arch::wgmma_ss_f16`]); sm_90a only.
-    fn wgmma_ss<const R: usize, const TRANS_B: u32>(
+    fn wgmma_ss<const R: usize, const TRANS_A: u32, const TRANS_B: u32>(
         acc: &mut WgmmaAccumulator<R>,
         a_desc: u64,
         b_desc: u64,
@@ -49,13 +49,13 @@ impl Element for F16 {
     }
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-    fn wgmma_ss<const R: usize, const TRANS_B: u32>(
+    fn wgmma_ss<const R: usize, const TRANS_A: u32, const TRANS_B: u32>(
         acc: &mut WgmmaAccumulator<R>,
         a_desc: u64,
         b_desc: u64,
         scale_d: bool,
     ) {
-        arch::wgmma_ss_f16::<R, TRANS_B>(acc, a_desc, b_desc, scale_d)
+        arch::wgmma_ss_f16::<R, TRANS_A, TRANS_B>(acc, a_desc, b_desc, scale_d)
     }
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
@@ -85,13 +85,13 @@ impl Element for Bf16 {
     }
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-    fn wgmma_ss<const R: usize, const TRANS_B: u32>(
+    fn wgmma_ss<const R: usize, const TRANS_A: u32, const TRANS_B: u32>(
         acc: &mut WgmmaAccumulator<R>,
         a_desc: u64,
         b_desc: u64,
         scale_d: bool,
     ) {
-        arch::wgmma_ss_bf16::<R, TRANS_B>(acc, a_desc, b_desc, scale_d)
+        arch::wgmma_ss_bf16::<R, TRANS_A, TRANS_B>(acc, a_desc, b_desc, scale_d)
     }
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]

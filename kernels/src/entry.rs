@@ -6,8 +6,10 @@
 //! `flash_combine_{f16|bf16}` and `kv_cache_append` (feature `attention`,
 //! the module users embed); with feature `attention-sm90a`, the sm_90a
 //! kernels `flash_fwd_sm90_d{head_dim}_{f16|bf16}_{variant}` of the ABI's
-//! [`flash_attn_abi::hopper_kernels!`] (the module users embed beside it,
-//! loaded on compute capability 9.0); with feature `test-kernels` instead, the
+//! [`flash_attn_abi::hopper_kernels!`] and the sm_90a main backward
+//! kernels `flash_bwd_sm90_d{head_dim}_{f16|bf16}_{variant}` of
+//! [`flash_attn_abi::hopper_backward_kernels!`] (the module users embed
+//! beside it, loaded on compute capability 9.0); with feature `test-kernels` instead, the
 //! test-only `probe_primitives` and `mma_ceiling`; with
 //! `test-kernels-sm90a`, `probe_sm90`. On the host (the
 //! emulator) each attention kernel is a plain function, listed with its
@@ -18,6 +20,9 @@
 
 use flash_attn_abi::backward::{backward_config_of, BackwardConfig, BackwardKernel, BackwardParams, BACKWARD_BLOCK_N};
 use flash_attn_abi::hopper::{hopper_config_of, HopperConfig, HopperKernel, HopperParams};
+use flash_attn_abi::hopper_backward::{
+    hopper_backward_config_of, HopperBackwardConfig, HopperBackwardKernel, HopperBackwardParams,
+};
 use flash_attn_abi::kernels::{config_of, AttentionKernel, Dtype, Variant};
 
 use crate::backward::key_block::backward_key_block;
@@ -25,6 +30,7 @@ use crate::config::TileConfig;
 use crate::element::{Bf16, F16};
 use crate::forward::flash_forward;
 use crate::hopper::hopper_forward;
+use crate::hopper_backward::hopper_backward;
 use crate::kernel::ForwardKernel;
 use crate::params::{AppendParams, CombineParams, ForwardParams};
 use crate::schedule::OneShot;
@@ -164,6 +170,67 @@ flash_attn_abi::hopper_kernels!(hopper_forward_kernels);
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn hopper_kernel(name: &str) -> Option<&'static HostHopperKernel> {
     HOPPER_KERNELS.iter().find(|k| k.kernel.name == name)
+}
+
+/// An sm_90a main backward kernel instance as the emulator runs it.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct HostHopperBackwardKernel {
+    /// Its row of the ABI's table of sm_90a backward kernels.
+    pub kernel: HopperBackwardKernel,
+    /// The kernel body, for each emulated thread to call.
+    pub run: unsafe fn(&HopperBackwardParams),
+}
+
+macro_rules! hopper_backward_entry_points {
+    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident)),* $(,)?) => {
+        $(
+            #[cfg(all(target_arch = "nvptx64", feature = "attention-sm90a"))]
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn $name(params: HopperBackwardParams) {
+                hopper_backward_entry_points!(@body $dtype, $head_dim, $variant, &params)
+            }
+
+            #[cfg(not(target_arch = "nvptx64"))]
+            pub unsafe fn $name(params: &HopperBackwardParams) {
+                hopper_backward_entry_points!(@body $dtype, $head_dim, $variant, params)
+            }
+        )*
+
+        /// Every sm_90a main backward kernel instance, as `extern
+        /// "ptx-kernel"` exports them in the sm_90a module.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const HOPPER_BACKWARD_KERNELS: &[HostHopperBackwardKernel] = &[$(HostHopperBackwardKernel {
+            kernel: HopperBackwardKernel {
+                name: stringify!($name),
+                head_dim: $head_dim,
+                dtype: Dtype::$dtype,
+                variant: Variant::$variant,
+                config: hopper_backward_config_of($head_dim),
+            },
+            run: $name,
+        }),*];
+    };
+    (@body $dtype:ident, $head_dim:literal, $variant:ident, $params:expr) => {{
+        const C: HopperBackwardConfig = hopper_backward_config_of($head_dim);
+        hopper_backward::<
+            $dtype,
+            { C.head_dim as usize },
+            { matches!(Variant::$variant, Variant::Causal) },
+            { C.registers().0 },
+            { C.registers().1 },
+            { C.head_dim as usize / 2 },
+            { C.head_dim as usize / 8 },
+        >($params)
+    }};
+}
+
+flash_attn_abi::hopper_backward_kernels!(hopper_backward_entry_points);
+
+/// The sm_90a main backward instance called `name`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn hopper_backward_kernel(name: &str) -> Option<&'static HostHopperBackwardKernel> {
+    HOPPER_BACKWARD_KERNELS.iter().find(|k| k.kernel.name == name)
 }
 
 /// The instance called `name`.

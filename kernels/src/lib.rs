@@ -43,6 +43,7 @@ pub mod entry;
 pub mod epilogue;
 pub mod forward;
 pub mod hopper;
+pub mod hopper_backward;
 pub mod kernel;
 pub mod kv_pipeline;
 pub mod layout;

@@ -198,9 +198,9 @@ pub unsafe fn probe_sm90(maps: *const TensorMap, input: *const u32, output: *mut
         for k_step in 0..K / 16 {
             let b = descriptor(base + smem::B + 32 * k_step, 16);
             if bf16 != 0 {
-                arch::wgmma_ss_bf16::<128, 0>(&mut d1, a_desc(k_step), b, k_step > 0);
+                arch::wgmma_ss_bf16::<128, 0, 0>(&mut d1, a_desc(k_step), b, k_step > 0);
             } else {
-                arch::wgmma_ss_f16::<128, 0>(&mut d1, a_desc(k_step), b, k_step > 0);
+                arch::wgmma_ss_f16::<128, 0, 0>(&mut d1, a_desc(k_step), b, k_step > 0);
             }
         }
         arch::wgmma_commit_group();
@@ -237,10 +237,10 @@ pub unsafe fn probe_sm90(maps: *const TensorMap, input: *const u32, output: *mut
             let at = |r: u32, c: u32| *input.add(((r * K + c) / 2) as usize);
             let a = [at(row, col), at(row + 8, col), at(row, col + 8), at(row + 8, col + 8)];
             if bf16 != 0 {
-                arch::wgmma_ss_bf16::<64, 1>(&mut d2, a2, v, k_step > 0);
+                arch::wgmma_ss_bf16::<64, 0, 1>(&mut d2, a2, v, k_step > 0);
                 arch::wgmma_rs_bf16::<64, 0>(&mut d3, &a, b, k_step > 0);
             } else {
-                arch::wgmma_ss_f16::<64, 1>(&mut d2, a2, v, k_step > 0);
+                arch::wgmma_ss_f16::<64, 0, 1>(&mut d2, a2, v, k_step > 0);
                 arch::wgmma_rs_f16::<64, 0>(&mut d3, &a, b, k_step > 0);
             }
         }

@@ -13,8 +13,8 @@ use std::marker::PhantomData;
 
 use flash_attn::cust::memory::DeviceCopy;
 use flash_attn::pipeline::{
-    plan_backward, plan_for, BackwardCall, BackwardPlan, Call, HopperScratch, KernelArgs, KernelFamily, Launch,
-    OutputAddrs, Outputs, Plan,
+    plan_backward_for, plan_for, BackwardCall, BackwardPlan, Call, HopperBackwardScratch, HopperScratch, KernelArgs,
+    KernelFamily, Launch, OutputAddrs, Outputs, Plan,
 };
 use flash_attn::reference::{self, ReferenceProblem};
 use flash_attn::{AttentionKernel, AttentionParams, DeviceView, Kernel, Layout, Placed};
@@ -239,7 +239,7 @@ impl<'a> Memory<'a> {
     /// maps are only read), except an sm_90a launch's tile counter.
     fn regions(&self, launch: &Launch, scratch: &Scratch) -> Vec<GlobalRegion> {
         let split_attention = matches!(launch.args, KernelArgs::Forward(a) if a.num_splits > 1);
-        let backward = matches!(launch.args, KernelArgs::Backward(_));
+        let backward = matches!(launch.args, KernelArgs::Backward(_) | KernelArgs::HopperBackward(_));
         let writes = |role| match (launch.kernel, role) {
             (_, Role::Input) => false,
             (Kernel::Append, role) => role == Role::Cache,
@@ -247,7 +247,7 @@ impl<'a> Memory<'a> {
             (Kernel::Hopper(_), Role::Output) => true,
             (Kernel::Combine(_), Role::Output) => true,
             (Kernel::BackwardPrepare(_), Role::Output) => false,
-            (Kernel::Backward(_) | Kernel::BackwardFinish(_), Role::Output) => true,
+            (Kernel::Backward(_) | Kernel::HopperBackward(_) | Kernel::BackwardFinish(_), Role::Output) => true,
             (_, Role::Cache) => false,
         };
         let mut regions: Vec<GlobalRegion> =
@@ -374,8 +374,24 @@ pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -
 /// reserves its scratch (every byte 0xff, NaN as f32) and runs its three
 /// launches in order.
 pub fn run_backward(call: &BackwardCall, memory: &Memory, sm_count: usize) -> Result<BackwardPlan, Failure> {
-    let plan = plan_backward(call, sm_count)?;
-    let scratch = Scratch::new(plan.scratch_bytes);
+    run_backward_on(call, memory, sm_count, KernelFamily::Sm80)
+}
+
+/// As [`run_backward`], planned for the kernel `family`: with
+/// [`KernelFamily::Sm90a`] the sm_90a main kernel runs the calls it takes,
+/// its tensor maps in our encoding.
+pub fn run_backward_on(
+    call: &BackwardCall,
+    memory: &Memory,
+    sm_count: usize,
+    family: KernelFamily,
+) -> Result<BackwardPlan, Failure> {
+    let plan = plan_backward_for(call, sm_count, family)?;
+    let mut scratch = Scratch::new(plan.scratch_bytes);
+    if let Some(hopper) = &plan.hopper {
+        let tensor_maps = hopper.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
+        scratch.write(plan.tensor_maps, &[HopperBackwardScratch { tensor_maps }]);
+    }
     for launch in plan.launches(scratch.addr()) {
         run_launch(&launch, memory, &scratch)?;
     }
@@ -401,6 +417,12 @@ fn run_launch(launch: &Launch, memory: &Memory, scratch: &Scratch) -> Result<(),
             }
             (Kernel::Hopper(kernel), KernelArgs::Hopper(args)) => {
                 let host = entry::hopper_kernel(kernel.name)
+                    .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
+                assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
+                emu::launch(&config, &regions, || (host.run)(&args))
+            }
+            (Kernel::HopperBackward(kernel), KernelArgs::HopperBackward(args)) => {
+                let host = entry::hopper_backward_kernel(kernel.name)
                     .unwrap_or_else(|| panic!("the emulator has no kernel {}", kernel.name));
                 assert_eq!(host.kernel, *kernel, "the emulated {} is not the ABI's", kernel.name);
                 emu::launch(&config, &regions, || (host.run)(&args))

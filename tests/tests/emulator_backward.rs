@@ -6,23 +6,28 @@
 //! dim, finish dQ). O and the LSE come from the f64 reference forward; the
 //! gradients and the scratch start as NaN. Shapes end inside a query step
 //! and a key block; GQA, causal with more keys than queries, windows,
-//! softcap and ALiBi, padded strides, and packed sequences.
+//! softcap and ALiBi, padded strides, and packed sequences. The sm_90a main
+//! kernels run planned for compute capability 9.0 (`KernelFamily::Sm90a`),
+//! their TMA loads, `wgmma`s and mbarrier ring included.
 
-use flash_attn::pipeline::{validate, validate_backward, validate_varlen, BackwardTensors, OffsetsArg};
+use flash_attn::pipeline::{validate, validate_backward, validate_varlen, BackwardTensors, KernelFamily, OffsetsArg};
 use flash_attn::reference::{attention_backward, attention_with_alibi, relative_l2_error, ReferenceProblem};
-use flash_attn::{AttentionParams, BACKWARD_KERNELS};
+use flash_attn::{AttentionParams, BACKWARD_KERNELS, HOPPER_BACKWARD_KERNELS};
+use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Dtype, DtypeValues, Memory, Tensor, POISON};
 
 /// One backward problem: the reference's sizes and options (for packed
 /// sequences: batch 1 and the longest lengths), ALiBi slopes
 /// (`[batch, heads_q]`) if any, packed sequences' `(seqlen_q, seqlen_k)` if
-/// the batch is packed, and whether the tensors have padded strides.
+/// the batch is packed, whether the tensors have padded strides, and
+/// whether the call is planned for the sm_90a kernels (which must take it).
 struct Problem {
     reference: ReferenceProblem,
     slopes: Option<Vec<f64>>,
     packed: Option<Vec<(usize, usize)>>,
     padded: bool,
     deterministic: bool,
+    sm90a: bool,
 }
 
 /// The SMs of the GPU the plans are made for: few, so that a deterministic
@@ -173,7 +178,9 @@ fn run(problem: &Problem, dtype: Dtype, seed: u64) -> (Gradients, Gradients) {
         let call = forward
             .and_then(|forward| validate_backward(forward, &q_at, &k_at, &v_at, &tensors, &params))
             .unwrap_or_else(|e| panic!("refused: {e}"));
-        emulator::run_backward(&call, &memory, SM_COUNT).unwrap_or_else(|e| panic!("{e}"));
+        let family = if problem.sm90a { KernelFamily::Sm90a { sm_count: SM_COUNT } } else { KernelFamily::Sm80 };
+        let plan = emulator::run_backward_on(&call, &memory, SM_COUNT, family).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(plan.hopper.is_some(), problem.sm90a, "the plan chose another main kernel");
     }
     for t in [&d_q, &d_k, &d_v] {
         let written: std::collections::HashSet<usize> = t.indices().collect();
@@ -202,7 +209,7 @@ fn check(what: &str, problem: &Problem, seed: u64) {
 fn dense(batch: usize, seqlen_q: usize, seqlen_k: usize, heads: (usize, usize), d: usize, causal: bool) -> Problem {
     let scale = 1.0 / (d as f64).sqrt();
     let reference = ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads.0, heads.1, d, causal, scale);
-    Problem { reference, slopes: None, packed: None, padded: false, deterministic: false }
+    Problem { reference, slopes: None, packed: None, padded: false, deterministic: false, sm90a: false }
 }
 #[test]
 fn every_head_dim_matches_the_reference() {
@@ -210,6 +217,31 @@ fn every_head_dim_matches_the_reference() {
         let d = kernel.head_dim as usize;
         check(&format!("d={d}"), &dense(1, 80, 100, (2, 1), d, false), 10 + i as u64);
     }
+}
+
+#[test]
+fn sm90a_kernels_match_the_reference() {
+    // Every row of the table (both element types in each check): three
+    // query steps and two key blocks, each ending inside, query heads 2/1,
+    // padded strides (multiples of 16 bytes, as TMA takes them).
+    for (i, kernel) in HOPPER_BACKWARD_KERNELS.iter().filter(|k| k.dtype == Dtype::F16).enumerate() {
+        let d = kernel.head_dim as usize;
+        let causal = kernel.variant == Variant::Causal;
+        let mut problem = dense(1, 150, 200, (2, 1), d, causal);
+        (problem.padded, problem.sm90a) = (true, true);
+        check(&format!("sm90a d={d} causal={causal}"), &problem, 70 + i as u64);
+    }
+}
+
+#[test]
+fn sm90a_causal_with_rows_that_see_no_key_and_grouped_heads() {
+    // More queries than keys: the first 50 rows of each batch see no key.
+    let mut problem = dense(2, 150, 100, (4, 2), 64, true);
+    problem.sm90a = true;
+    check("sm90a causal sq > sk, GQA 4/2", &problem, 80);
+    let mut problem = dense(1, 60, 300, (3, 1), 128, true);
+    problem.sm90a = true;
+    check("sm90a causal sq < sk, MQA 3/1", &problem, 81);
 }
 
 #[test]

@@ -8,15 +8,23 @@
 //! from our forward on the same inputs, as in a training step; dQ, dK and
 //! dV start as NaN. dK and dV (no atomics) must be bit-identical over two
 //! runs, and dQ too in the deterministic mode; the allocating `backward`
-//! gives the same dK and dV. Skipped, saying why, without a GPU.
+//! gives the same dK and dV. The sm_90a main kernels run the same cases
+//! (those they take) on compute capability 9.0. Skipped, saying why,
+//! without a GPU.
 
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::stream::{Stream, StreamFlags};
+use flash_attn::pipeline::{plan_backward_for, validate, validate_backward, BackwardTensors, KernelFamily};
 use flash_attn::reference::{attention_backward, relative_l2_error, ReferenceProblem};
-use flash_attn::{AttentionParams, Element, FlashAttention, Gradients, Tensor, TensorMut, Workspace, BACKWARD_KERNELS};
+use flash_attn::{
+    AttentionParams, Element, FlashAttention, Gradients, Tensor, TensorMut, Workspace, BACKWARD_KERNELS,
+    HOPPER_BACKWARD_KERNELS,
+};
+use flash_attn_abi::kernels::Variant;
+use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
-    download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor, span, upload, Placement,
-    TestElement,
+    download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor, skipped, span, upload,
+    Placement, TestElement,
 };
 
 /// One backward case: sizes, layout, mask and score modifiers.
@@ -109,7 +117,7 @@ fn run<T: TestElement>(test: &str) {
     // The main backward kernels as the driver compiled them (loaded by the
     // calls above): no local memory, as ptxas found them at build time.
     let kernels = attention.kernel_resources().expect("kernel attributes");
-    let backward: Vec<_> = kernels.iter().filter(|k| k.name.starts_with("flash_bwd_")).collect();
+    let backward: Vec<_> = kernels.iter().filter(|k| k.name.starts_with("flash_bwd_d")).collect();
     assert_eq!(backward.len(), BACKWARD_KERNELS.len(), "one entry per main backward kernel");
     for k in &backward {
         println!("{test}: {:<24} {:>4} registers {:>4} B local", k.name, k.registers, k.local_bytes);
@@ -248,3 +256,75 @@ fn check_case<T: TestElement>(
 }
 
 f16_and_bf16_tests!(backward_f16, backward_bf16: run());
+
+/// The sm_90a main kernel the host plans for `case` on compute capability
+/// 9.0, if any: the call validated at host addresses of the same alignment
+/// and strides as the device buffers.
+fn planned_sm90a<T: TestElement>(case: &Case) -> Option<&'static str> {
+    let dtype = <T as Element>::DTYPE;
+    let (hq, hk) = case.heads;
+    let q_shape = [case.batch, case.seqlen_q, hq, case.head_dim];
+    let kv_shape = [case.batch, case.seqlen_k, hk, case.head_dim];
+    let tensor = |shape: [usize; 4]| emulator::Tensor::filled(shape, case.placement.strides(shape), 0);
+    let (q, k, v, o, d_o) = (tensor(q_shape), tensor(kv_shape), tensor(kv_shape), tensor(q_shape), tensor(q_shape));
+    let (mut d_q, mut d_k, mut d_v) = (tensor(q_shape), tensor(kv_shape), tensor(kv_shape));
+    let lse = vec![0f32; case.batch * hq * case.seqlen_q];
+    let mut memory = Memory::new();
+    let (q, k, v) = (memory.tensor("q", &q), memory.tensor("k", &k), memory.tensor("v", &v));
+    let (o, d_o) = (memory.tensor("o", &o), memory.tensor("d_o", &d_o));
+    let lse_addr = memory.input("lse", &lse);
+    let (d_q, d_k, d_v) = (
+        memory.output_tensor("d_q", &mut d_q),
+        memory.output_tensor("d_k", &mut d_k),
+        memory.output_tensor("d_v", &mut d_v),
+    );
+    let params = AttentionParams { causal: case.causal, deterministic: case.deterministic, ..Default::default() };
+    let tensors = BackwardTensors { o: &o, lse_addr, lse_len: lse.len(), d_o: &d_o, d_q: &d_q, d_k: &d_k, d_v: &d_v };
+    let call = validate(dtype, &q, &k, &v, tensors.forward_outputs(), &params)
+        .and_then(|forward| validate_backward(forward, &q, &k, &v, &tensors, &params))
+        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let plan = plan_backward_for(&call, 132, KernelFamily::Sm90a { sm_count: 132 }).expect("a plan");
+    plan.hopper.map(|h| h.kernel.name)
+}
+
+/// The sm_90a main kernels (on compute capability 9.0; skipped, saying
+/// why, elsewhere): every row of their table on the cases of its head dim
+/// and mask that the planner gives it (asked first), against the f64
+/// reference as above.
+fn run_sm90a<T: TestElement>(test: &str) {
+    let Some((_context, attention)) = gpu(test) else {
+        return;
+    };
+    if !attention.uses_sm90a() {
+        skipped(test, "the sm_90a kernels need compute capability 9.0");
+        return;
+    }
+    let mut rng = rand::thread_rng();
+    let mut workspace = Workspace::new();
+    let mut ran = 0;
+    for kernel in HOPPER_BACKWARD_KERNELS.iter().filter(|k| k.dtype == <T as Element>::DTYPE) {
+        let causal = kernel.variant == Variant::Causal;
+        let cases = cases(kernel.head_dim as usize).into_iter().map(|c| Case { causal, ..c });
+        for case in cases.filter(|c| c.window == (None, None) && c.softcap.is_none() && c.alibi.is_none()) {
+            let scores = case.batch * case.heads.0 * case.seqlen_q * case.seqlen_k;
+            if case.deterministic || left_out_of_this_run(test, &case, scores) {
+                continue;
+            }
+            assert_eq!(planned_sm90a::<T>(&case), Some(kernel.name), "{case:?}: planned for another kernel");
+            check_case::<T>(&attention, &mut workspace, &case, &mut rng);
+            println!("{test}: ok {} {case:?}", kernel.name);
+            ran += 1;
+        }
+    }
+    assert!(ran > 0, "every case was left out of the run");
+    let kernels = attention.kernel_resources().expect("kernel attributes");
+    let sm90a: Vec<_> = kernels.iter().filter(|k| k.name.starts_with("flash_bwd_sm90_")).collect();
+    assert_eq!(sm90a.len(), HOPPER_BACKWARD_KERNELS.len(), "one entry per sm_90a main backward kernel");
+    for k in &sm90a {
+        println!("{test}: {:<32} {:>4} registers {:>4} B local", k.name, k.registers, k.local_bytes);
+    }
+    let spilling: Vec<_> = sm90a.iter().filter(|k| k.local_bytes > 0).collect();
+    assert!(spilling.is_empty(), "sm_90a backward kernels using local memory: {spilling:?}");
+}
+
+f16_and_bf16_tests!(backward_sm90a_f16, backward_sm90a_bf16: run_sm90a());

@@ -2,6 +2,7 @@
 //! `cargo xtask gpu-bundle`.
 
 use flash_attn_abi::hopper::HOPPER_KERNELS;
+use flash_attn_abi::hopper_backward::HOPPER_BACKWARD_KERNELS;
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -45,12 +46,12 @@ struct PtxModule {
     ptxas_arches: &'static [&'static str],
     target_dir: &'static str,
     committed: &'static str,
-    /// `(kernel, threads)`: `.maxntid threads, 1, 1` on the entry of each
-    /// kernel named.
+    /// `.maxntid threads, 1, 1` on the entry of each kernel named, and
+    /// `.minnctapersm min_blocks` where given ([`with_maxntid`]).
     /// Rust has no way to declare launch bounds, and ptxas needs them for
     /// `setmaxnreg` (they fix the registers allocated at launch, the pool
     /// `setmaxnreg` moves between warpgroups: 64K / threads).
-    maxntid: fn() -> Vec<(&'static str, u32)>,
+    maxntid: fn() -> Vec<LaunchBounds>,
 }
 
 const PTX_MODULES: [PtxModule; 5] = [
@@ -76,7 +77,7 @@ const PTX_MODULES: [PtxModule; 5] = [
         ptxas_arches: &["sm_90a"],
         target_dir: "target/ptx-test-kernels-sm90a",
         committed: COMMITTED_TEST_SM90A_PTX,
-        maxntid: || vec![("probe_sm90", 384)],
+        maxntid: || vec![("probe_sm90", 384, None)],
     },
     PtxModule {
         features: &["--no-default-features", "--features", "attention-sm90a"],
@@ -84,7 +85,10 @@ const PTX_MODULES: [PtxModule; 5] = [
         ptxas_arches: &["sm_90a"],
         target_dir: "target/ptx-sm90a",
         committed: COMMITTED_SM90A_PTX,
-        maxntid: || HOPPER_KERNELS.iter().map(|k| (k.name, k.config.threads())).collect(),
+        maxntid: || {
+            let forward = HOPPER_KERNELS.iter().map(|k| (k.name, k.config.threads(), None));
+            forward.chain(HOPPER_BACKWARD_KERNELS.iter().map(|k| (k.name, k.config.threads(), Some(1)))).collect()
+        },
     },
     PtxModule {
         features: &["--no-default-features", "--features", "attention-backward"],
@@ -138,13 +142,19 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// Compiles `kernels/` to the PTX of `module` and returns its text.
+/// `(kernel, threads, min_blocks)`: the launch bounds of one kernel.
+type LaunchBounds = (&'static str, u32, Option<u32>);
+
 fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
     let target_dir = root.join(module.target_dir);
     // The LLVM unroll threshold is raised so that every loop over fragments
     // unrolls: a loop left rolled indexes the accumulator arrays at run time
     // and sends them to local memory (ptxas then reports a stack frame).
+    // sm_90a modules declare PTX ISA 8.1 (LLVM's default for the target is
+    // 8.0): `red.global.add.v2.f32` of the sm_90a backward needs it.
+    let ptx_isa = if module.arch == "sm_90a" { "\"-Ctarget-feature=+ptx81\"," } else { "" };
     let rustflags = format!(
-        "target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={}\",\"-Cllvm-args=-unroll-threshold=1000\"]",
+        "target.{PTX_TARGET}.rustflags=[\"-Ctarget-cpu={}\",{ptx_isa}\"-Cllvm-args=-unroll-threshold=1000\"]",
         module.arch
     );
     run(Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
@@ -156,7 +166,9 @@ fn compile_kernels(root: &Path, module: &PtxModule) -> Result<String> {
     let ptx_path = target_dir.join(PTX_TARGET).join("ptx/flash_attn_kernels.ptx");
     let ptx = fs::read_to_string(&ptx_path).map_err(|e| format!("cannot read {}: {e}", ptx_path.display()))?;
     let ptx = without_symbol_comments(&ptx);
-    (module.maxntid)().into_iter().try_fold(ptx, |ptx, (kernel, threads)| with_maxntid(&ptx, kernel, threads))
+    (module.maxntid)()
+        .into_iter()
+        .try_fold(ptx, |ptx, (kernel, threads, min_blocks)| with_maxntid(&ptx, kernel, threads, min_blocks))
 }
 
 /// `ptx` without the comments LLVM puts after some block labels naming the
@@ -179,13 +191,20 @@ fn without_symbol_comments(ptx: &str) -> String {
     out
 }
 
-/// `ptx` with `.maxntid threads, 1, 1` between the parameter list and the
-/// body (where the PTX ISA puts performance-tuning directives) of kernel
-/// `kernel`, which must be there.
-fn with_maxntid(ptx: &str, kernel: &str, threads: u32) -> Result<String> {
+/// `ptx` with `.maxntid threads, 1, 1`, and `.minnctapersm min_blocks`
+/// where given, between the parameter list and the body (where the PTX ISA
+/// puts performance-tuning directives) of kernel `kernel`, which must be
+/// there: CUDA's `__launch_bounds__`. `setmaxnreg` needs the registers a
+/// thread has at entry fixed (64K / threads); with `.maxntid` alone ptxas
+/// may give a kernel fewer, and for the backward's d = 64 kernels it did
+/// and ignored their `setmaxnreg` (C7508). `.minnctapersm 1` fixes them
+/// (the forward kernels keep `.maxntid` alone: with both, ptxas spilled
+/// two of them).
+fn with_maxntid(ptx: &str, kernel: &str, threads: u32, min_blocks: Option<u32>) -> Result<String> {
     let start = ptx.find(&format!(".entry {kernel}(")).ok_or_else(|| format!("no kernel {kernel} in the PTX"))?;
     let body = ptx[start..].find("\n{").ok_or_else(|| format!("kernel {kernel} has no body"))? + start;
-    Ok(format!("{}\n.maxntid {threads}, 1, 1{}", &ptx[..body], &ptx[body..]))
+    let min_blocks = min_blocks.map(|n| format!("\n.minnctapersm {n}")).unwrap_or_default();
+    Ok(format!("{}\n.maxntid {threads}, 1, 1{min_blocks}{}", &ptx[..body], &ptx[body..]))
 }
 
 fn build_ptx(check: bool, require_ptxas: bool) -> Result<()> {
@@ -502,10 +521,12 @@ ptxas info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack s
         let ptx = ".visible .entry other(\n\t.param .u64 a\n)\n{\n\tret;\n}\n\
                    .visible .entry probe_sm90_other(\n\t.param .u64 a\n)\n{\n\tret;\n}\n\
                    .visible .entry probe_sm90(\n\t.param .u64 a\n)\n{\n\tret;\n}\n";
-        let bounded = with_maxntid(ptx, "probe_sm90", 384).unwrap();
+        let bounded = with_maxntid(ptx, "probe_sm90", 384, None).unwrap();
         assert!(bounded.contains("probe_sm90(\n\t.param .u64 a\n)\n.maxntid 384, 1, 1\n{"), "{bounded}");
         assert_eq!(bounded.matches(".maxntid").count(), 1);
-        assert!(with_maxntid(ptx, "missing", 384).is_err());
+        let bounded = with_maxntid(ptx, "other", 256, Some(1)).unwrap();
+        assert!(bounded.contains("other(\n\t.param .u64 a\n)\n.maxntid 256, 1, 1\n.minnctapersm 1\n{"), "{bounded}");
+        assert!(with_maxntid(ptx, "missing", 384, None).is_err());
     }
 
     #[test]

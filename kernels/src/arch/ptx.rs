@@ -373,6 +373,26 @@ pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
     asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack));
 }
 
+/// `red.global.add.v4.f32` (sm_90): adds `values` to the four f32 at
+/// `ptr` atomically (relaxed, GPU scope, each element on its own),
+/// returning nothing: a warp's 32 lanes over 512 contiguous bytes are four
+/// whole 128-byte lines.
+///
+/// # Safety
+/// `ptr` must point to four writable f32 of global memory, 16-byte aligned.
+#[inline(always)]
+pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
+    asm!(
+        "red.global.add.v4.f32 [{p}], {{{a}, {b}, {c}, {d}}};",
+        p = in(reg64) ptr,
+        a = in(reg32) values[0],
+        b = in(reg32) values[1],
+        c = in(reg32) values[2],
+        d = in(reg32) values[3],
+        options(nostack)
+    );
+}
+
 /// `atom.global.add.u32`: adds `value` to the u32 at `ptr` atomically
 /// (relaxed, GPU scope) and returns what it held before.
 ///
@@ -835,12 +855,13 @@ macro_rules! wgmma {
         ///
         /// SS: A and B from shared memory, given by matrix descriptors
         /// (`a_desc`, `b_desc`: [`flash_attn_abi::sm90::MatrixDescriptor`]);
-        /// A is K-major, B K-major when `TRANS_B` is 0 and MN-major when 1.
+        /// A is K-major when `TRANS_A` is 0 and MN-major (M contiguous) when
+        /// 1, B K-major when `TRANS_B` is 0 and MN-major when 1.
         /// `D = A * B + D`, or `D = A * B` when `scale_d` is false. `R` is
         /// `N / 2`: 32, 48, 64, 80, 96, 112 or 128 (N = 64, 96, 128, 160,
         /// 192, 224, 256).
         #[inline(always)]
-        pub fn $ss<const R: usize, const TRANS_B: u32>(
+        pub fn $ss<const R: usize, const TRANS_A: u32, const TRANS_B: u32>(
             acc: &mut WgmmaAccumulator<R>,
             a_desc: u64,
             b_desc: u64,
@@ -853,39 +874,39 @@ macro_rules! wgmma {
             unsafe {
                 match R {
                     32 => {
-                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
-                            tb = const TRANS_B, options(nostack));
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
                     48 => {
-                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "96", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47],
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "96", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
-                            tb = const TRANS_B, options(nostack));
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
                     64 => {
-                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "128", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63],
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "128", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
-                            tb = const TRANS_B, options(nostack));
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
                     80 => {
-                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "160", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79],
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "160", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
-                            tb = const TRANS_B, options(nostack));
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
                     96 => {
-                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "192", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95],
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "192", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
-                            tb = const TRANS_B, options(nostack));
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
                     112 => {
-                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "224", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111],
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "224", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
-                            tb = const TRANS_B, options(nostack));
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
                     128 => {
-                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, 0, {tb};", "256", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127],
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "256", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
-                            tb = const TRANS_B, options(nostack));
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
                     _ => trap(),
                 }

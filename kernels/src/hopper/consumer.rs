@@ -37,7 +37,9 @@ use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
 /// The registers of a `wgmma` accumulator as `TILES` n8-tiles of one
 /// m-tile: the same `4 * TILES` f32 in the same order.
 #[inline(always)]
-fn as_tiles<const R: usize, const TILES: usize>(acc: &mut WgmmaAccumulator<R>) -> &mut Accumulators<1, TILES> {
+pub(crate) fn as_tiles<const R: usize, const TILES: usize>(
+    acc: &mut WgmmaAccumulator<R>,
+) -> &mut Accumulators<1, TILES> {
     const { assert!(R == 4 * TILES) }
     let regs: &mut [f32; R] = acc.get_mut();
     // SAFETY: [f32; R] and [[[f32; 4]; TILES]; 1] have the same size and
@@ -360,7 +362,7 @@ fn issue_scores<
     arch::wgmma_fence_operand(&mut s);
     arch::wgmma_fence();
     for step in 0..(D / 16) as u32 {
-        E::wgmma_ss::<S_REGS, 0>(&mut s, smem.q_operand(group, step), smem.k_operand(stage, step), step > 0);
+        E::wgmma_ss::<S_REGS, 0, 0>(&mut s, smem.q_operand(group, step), smem.k_operand(stage, step), step > 0);
     }
     arch::wgmma_commit_group();
     arch::wgmma_fence_operand(&mut s);

@@ -241,6 +241,21 @@ fn global_stores_outside_or_into_read_only_memory_are_reported() {
 }
 
 #[test]
+fn red_global_add_v4_adds_each_element_and_needs_16_byte_alignment() {
+    #[repr(C, align(16))]
+    struct Aligned([f32; 8]);
+    let mut out = Aligned([0.0; 8]);
+    let out_ptr = out.0.as_mut_ptr();
+    let regions = [GlobalRegion::writable("out", &mut out.0)];
+    // 64 threads add (1, 2, 3, 4) to the first four values.
+    let added = run_block(64, 0, &regions, |_| unsafe { arch::red_global_add_v4_f32(out_ptr, [1.0, 2.0, 3.0, 4.0]) });
+    assert!(added.is_ok(), "{added:?}");
+    let misaligned = run_block(1, 0, &regions, |_| unsafe { arch::red_global_add_v4_f32(out_ptr.add(2), [1.0; 4]) });
+    expect_fault(misaligned, FaultKind::Misaligned, &["red.global.add.v4.f32", "16-byte aligned"]);
+    assert_eq!(out.0, [64.0, 128.0, 192.0, 256.0, 0.0, 0.0, 0.0, 0.0]);
+}
+
+#[test]
 fn panics_and_traps_in_the_kernel_are_reported() {
     let panicked = run_block(64, 0, &[], |tid| {
         if tid == 37 {

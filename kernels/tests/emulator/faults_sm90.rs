@@ -242,7 +242,7 @@ fn reading_an_accumulator_before_the_wait_that_covers_it_is_reported() {
         let (a, b) = ones_in_shared(tid, true);
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
         arch::wgmma_fence();
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
         arch::wgmma_commit_group();
         acc.get()[0]
     });
@@ -255,7 +255,7 @@ fn reading_an_accumulator_before_the_wait_that_covers_it_is_reported() {
         let (a, b) = ones_in_shared(tid, true);
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
         arch::wgmma_fence();
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
         arch::wgmma_wait_group::<0>();
         acc.get()[0]
     });
@@ -268,7 +268,7 @@ fn overwriting_a_wgmma_operand_before_the_wait_that_covers_it_is_reported() {
         let (a, b) = ones_in_shared(tid, true);
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
         arch::wgmma_fence();
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
         arch::wgmma_commit_group();
         if tid == 0 {
             // B's first row, which the wgmma may still be reading.
@@ -286,7 +286,7 @@ fn overwriting_a_wgmma_operand_before_the_wait_that_covers_it_is_reported() {
         let (a, b) = ones_in_shared(tid, true);
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
         arch::wgmma_fence();
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
         arch::wgmma_commit_group();
         arch::wgmma_wait_group::<0>();
         if tid == 0 {
@@ -301,7 +301,7 @@ fn wgmma_without_a_fence_after_a_register_access_is_reported() {
     let no_fence = run(block(128, 17 * 1024), &[], |tid| {
         let (a, b) = ones_in_shared(tid, true);
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
     });
     expect_fault(no_fence, FaultKind::MissingWgmmaFence, &["no wgmma.fence since"]);
     let access_after_fence = run(block(128, 17 * 1024), &[], |tid| {
@@ -309,7 +309,7 @@ fn wgmma_without_a_fence_after_a_register_access_is_reported() {
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
         arch::wgmma_fence();
         acc.get_mut()[3] = 1.0;
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
     });
     expect_fault(access_after_fence, FaultKind::MissingWgmmaFence, &["faults_sm90.rs"]);
 }
@@ -320,7 +320,7 @@ fn wgmma_reading_stores_no_proxy_fence_covered_is_reported() {
         let (a, b) = ones_in_shared(tid, false);
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
         arch::wgmma_fence();
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
     });
     expect_fault(result, FaultKind::MissingProxyFence, &["st.shared.b32", "no fence.proxy.async.shared::cta since"]);
 }
@@ -333,13 +333,13 @@ fn wgmma_operands_must_be_one_per_warpgroup() {
         arch::wgmma_fence();
         // Thread 77 points its B 32 bytes on.
         let b = if tid == 77 { b + 2 } else { b };
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, true);
     });
     expect_fault(descriptors, FaultKind::InvalidOperand, &["the B descriptor differs between threads 0 and 77"]);
     let partial = run(block(64, 17 * 1024), &[], |tid| {
         let mut acc = WgmmaAccumulator::<32>::new([0.0; 32]);
         arch::wgmma_fence();
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, u64::from(tid), 0, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, u64::from(tid), 0, true);
     });
     expect_fault(partial, FaultKind::PartialWarp, &["warpgroup 0 has only 64 threads"]);
 }

@@ -436,6 +436,18 @@ fn desc(start: usize, lbo: usize, sbo: usize, swizzle: DescriptorSwizzle) -> u64
 /// as `layout` says; or with `rs` A from registers. Returns the emulated D
 /// by (row, column) and the naive product.
 fn wgmma_case<const R: usize>(ty: Type, layout: BLayout, rs: bool) -> (Vec<Vec<f32>>, Vec<Vec<f64>>) {
+    wgmma_case_with_a::<R>(ty, layout, rs, false)
+}
+
+/// As [`wgmma_case`], with A MN-major (`imm-trans-a` 1: its 64 rows M
+/// contiguous, one 64-column slab of the 128B swizzle per 8 of K) when
+/// `a_mn_major`.
+fn wgmma_case_with_a<const R: usize>(
+    ty: Type,
+    layout: BLayout,
+    rs: bool,
+    a_mn_major: bool,
+) -> (Vec<Vec<f32>>, Vec<Vec<f64>>) {
     let (trans_b, interleaved) = (matches!(layout, BLayout::Mn128 | BLayout::Mn64), layout == BLayout::Interleaved);
     let n = 2 * R;
     let k_steps = 4;
@@ -452,6 +464,8 @@ fn wgmma_case<const R: usize>(ty: Type, layout: BLayout, rs: bool) -> (Vec<Vec<f
             for (k, &x) in row[16 * s..16 * s + 16].iter().enumerate() {
                 let at = if interleaved {
                     k_major_interleaved(m, 16 * s + k, 128, kk * 16)
+                } else if a_mn_major {
+                    mn_major_128(m, k, s, kk * 128)
                 } else {
                     k_major_128(m, k, s, 1024)
                 };
@@ -470,6 +484,7 @@ fn wgmma_case<const R: usize>(ty: Type, layout: BLayout, rs: bool) -> (Vec<Vec<f
                 image[at / 2] = bits(ty, x);
             }
         }
+        let a_mn = desc(2048 * s, kk * 128, 1024, DescriptorSwizzle::B128);
         let (a_desc, b_desc) = if interleaved {
             (
                 desc(256 * s, 128, kk * 16, DescriptorSwizzle::None),
@@ -488,7 +503,7 @@ fn wgmma_case<const R: usize>(ty: Type, layout: BLayout, rs: bool) -> (Vec<Vec<f
         } else {
             (desc(32 * s, 16, 1024, DescriptorSwizzle::B128), desc(b_base + 32 * s, 16, 1024, DescriptorSwizzle::B128))
         };
-        case.a_desc.push(a_desc);
+        case.a_desc.push(if a_mn_major { a_mn } else { a_desc });
         case.b_desc.push(b_desc);
     }
     case.image = image;
@@ -517,15 +532,19 @@ fn wgmma_case<const R: usize>(ty: Type, layout: BLayout, rs: bool) -> (Vec<Vec<f
                     | (u32::from(bits(ty, a[16 * warp + row][16 * s + col + 1])) << 16)
             };
             let frag = [pair(g, 2 * q), pair(g + 8, 2 * q), pair(g, 2 * q + 8), pair(g + 8, 2 * q + 8)];
-            match (ty, rs, trans_b) {
-                (Type::F16, false, false) => arch::wgmma_ss_f16::<R, 0>(&mut acc, ad, bd, true),
-                (Type::F16, false, true) => arch::wgmma_ss_f16::<R, 1>(&mut acc, ad, bd, true),
-                (Type::Bf16, false, false) => arch::wgmma_ss_bf16::<R, 0>(&mut acc, ad, bd, true),
-                (Type::Bf16, false, true) => arch::wgmma_ss_bf16::<R, 1>(&mut acc, ad, bd, true),
-                (Type::F16, true, false) => arch::wgmma_rs_f16::<R, 0>(&mut acc, &frag, bd, true),
-                (Type::F16, true, true) => arch::wgmma_rs_f16::<R, 1>(&mut acc, &frag, bd, true),
-                (Type::Bf16, true, false) => arch::wgmma_rs_bf16::<R, 0>(&mut acc, &frag, bd, true),
-                (Type::Bf16, true, true) => arch::wgmma_rs_bf16::<R, 1>(&mut acc, &frag, bd, true),
+            match (ty, rs, a_mn_major, trans_b) {
+                (Type::F16, false, false, false) => arch::wgmma_ss_f16::<R, 0, 0>(&mut acc, ad, bd, true),
+                (Type::F16, false, false, true) => arch::wgmma_ss_f16::<R, 0, 1>(&mut acc, ad, bd, true),
+                (Type::F16, false, true, false) => arch::wgmma_ss_f16::<R, 1, 0>(&mut acc, ad, bd, true),
+                (Type::F16, false, true, true) => arch::wgmma_ss_f16::<R, 1, 1>(&mut acc, ad, bd, true),
+                (Type::Bf16, false, false, false) => arch::wgmma_ss_bf16::<R, 0, 0>(&mut acc, ad, bd, true),
+                (Type::Bf16, false, false, true) => arch::wgmma_ss_bf16::<R, 0, 1>(&mut acc, ad, bd, true),
+                (Type::Bf16, false, true, false) => arch::wgmma_ss_bf16::<R, 1, 0>(&mut acc, ad, bd, true),
+                (Type::Bf16, false, true, true) => arch::wgmma_ss_bf16::<R, 1, 1>(&mut acc, ad, bd, true),
+                (Type::F16, true, _, false) => arch::wgmma_rs_f16::<R, 0>(&mut acc, &frag, bd, true),
+                (Type::F16, true, _, true) => arch::wgmma_rs_f16::<R, 1>(&mut acc, &frag, bd, true),
+                (Type::Bf16, true, _, false) => arch::wgmma_rs_bf16::<R, 0>(&mut acc, &frag, bd, true),
+                (Type::Bf16, true, _, true) => arch::wgmma_rs_bf16::<R, 1>(&mut acc, &frag, bd, true),
             }
         }
         arch::wgmma_commit_group();
@@ -575,6 +594,17 @@ fn wgmma_ss_with_b_mn_major_equals_the_naive_product() {
 }
 
 #[test]
+fn wgmma_ss_with_a_mn_major_equals_the_naive_product() {
+    // The backward's `dV += P^T dO` and `dK += dS^T Q`: A transposed (M
+    // contiguous), B K-major or MN-major.
+    for ty in [Type::F16, Type::Bf16] {
+        assert_product(&format!("{ty:?} n64"), wgmma_case_with_a::<32>(ty, BLayout::K128, false, true));
+        assert_product(&format!("{ty:?} n64 b mn"), wgmma_case_with_a::<32>(ty, BLayout::Mn128, false, true));
+        assert_product(&format!("{ty:?} n128 b mn"), wgmma_case_with_a::<64>(ty, BLayout::Mn128, false, true));
+    }
+}
+
+#[test]
 fn wgmma_ss_without_swizzle_reads_interleaved_core_matrices() {
     assert_product("f16 n64", wgmma_case::<32>(Type::F16, BLayout::Interleaved, false));
 }
@@ -604,7 +634,7 @@ fn wgmma_without_scale_d_ignores_the_accumulator() {
         arch::wgmma_fence();
         let a = desc(base as usize, 16, 1024, DescriptorSwizzle::B128);
         let b = desc(base as usize + 64 * 128, 16, 1024, DescriptorSwizzle::B128);
-        arch::wgmma_ss_f16::<32, 0>(&mut acc, a, b, false);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut acc, a, b, false);
         arch::wgmma_commit_group();
         arch::wgmma_wait_group::<0>();
         acc.get().to_vec()
@@ -629,9 +659,9 @@ fn wgmma_wait_group_n_leaves_the_newest_n_groups_in_flight() {
         let mut first = WgmmaAccumulator::<32>::new([1.0; 32]);
         let mut second = WgmmaAccumulator::<32>::new([2.0; 32]);
         arch::wgmma_fence();
-        arch::wgmma_ss_f16::<32, 0>(&mut first, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut first, a, b, true);
         arch::wgmma_commit_group();
-        arch::wgmma_ss_f16::<32, 0>(&mut second, a, b, true);
+        arch::wgmma_ss_f16::<32, 0, 0>(&mut second, a, b, true);
         arch::wgmma_commit_group();
         arch::wgmma_wait_group::<1>();
         let x = first.get()[0];

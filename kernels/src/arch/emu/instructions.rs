@@ -390,6 +390,33 @@ pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
     })
 }
 
+/// `red.global.add.v4.f32` (sm_90): adds `values` to the four f32 at
+/// `ptr`, each atomically, as blocks on other OS threads may add to the
+/// same addresses. A `ptr` that is not 16-byte aligned faults, as on the GPU.
+///
+/// # Safety
+/// `ptr` must point to four writable f32 of global memory, 16-byte aligned.
+#[track_caller]
+pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
+    let (instruction, site) = ("red.global.add.v4.f32", Location::caller());
+    context::with(|t| {
+        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: 16, align: 16, write: true };
+        t.ok(t.block.global.check(&access));
+    });
+    for (i, value) in values.into_iter().enumerate() {
+        atomic_global_word(ptr.add(i).cast(), instruction, site, |cell| {
+            let mut old = cell.load(Ordering::Relaxed);
+            loop {
+                let new = (f32::from_bits(old) + value).to_bits();
+                match cell.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(current) => old = current,
+                }
+            }
+        });
+    }
+}
+
 /// `atom.global.add.u32`: adds `value` to the u32 at `ptr` atomically
 /// (wrapping, as blocks on other OS threads may add to the same address)
 /// and returns what it held before.
@@ -982,7 +1009,7 @@ fn wgmma_mma<const R: usize>(
     acc: &mut WgmmaAccumulator<R>,
     a: OperandA,
     b_desc: u64,
-    trans_b: u32,
+    (trans_a, trans_b): (u32, u32),
     scale_d: bool,
     site: Site,
 ) {
@@ -995,8 +1022,8 @@ fn wgmma_mma<const R: usize>(
         if name.is_none() {
             fail(FaultKind::InvalidOperand, format!("{R} accumulator registers: an N that arch does not implement"));
         }
-        if trans_b > 1 {
-            fail(FaultKind::InvalidOperand, format!("imm-trans-b {trans_b} (0 or 1)"));
+        if trans_a > 1 || trans_b > 1 {
+            fail(FaultKind::InvalidOperand, format!("imm-trans-a {trans_a}, imm-trans-b {trans_b} (0 or 1)"));
         }
         let state = acc.state.get();
         let fences = t.wgmma.borrow().fences;
@@ -1038,7 +1065,10 @@ fn wgmma_mma<const R: usize>(
             uniform(2..4, "the B descriptor")?;
             uniform(4..5, "scale-d")?;
             let a = match a_desc {
-                Some(desc) => read_operand(t, (instruction, site, number), desc, wgmma::Major::K, 64)?,
+                Some(desc) => {
+                    let major = if trans_a == 1 { wgmma::Major::Mn } else { wgmma::Major::K };
+                    read_operand(t, (instruction, site, number), desc, major, 64)?
+                }
                 None => {
                     // The m16n8k16 A layout per warp, rows 16 * warp up.
                     let mut a = vec![[0u16; 16]; 64];
@@ -1074,13 +1104,13 @@ macro_rules! wgmma {
     ($(#[$doc:meta])* $ss:ident, $rs:ident, $ty:expr) => {
         $(#[$doc])*
         #[track_caller]
-        pub fn $ss<const R: usize, const TRANS_B: u32>(
+        pub fn $ss<const R: usize, const TRANS_A: u32, const TRANS_B: u32>(
             acc: &mut WgmmaAccumulator<R>,
             a_desc: u64,
             b_desc: u64,
             scale_d: bool,
         ) {
-            wgmma_mma($ty, acc, OperandA::Shared(a_desc), b_desc, TRANS_B, scale_d, Location::caller())
+            wgmma_mma($ty, acc, OperandA::Shared(a_desc), b_desc, (TRANS_A, TRANS_B), scale_d, Location::caller())
         }
 
         /// As the SS form, with A from this thread's registers (RS).
@@ -1091,15 +1121,15 @@ macro_rules! wgmma {
             b_desc: u64,
             scale_d: bool,
         ) {
-            wgmma_mma($ty, acc, OperandA::Registers(*a), b_desc, TRANS_B, scale_d, Location::caller())
+            wgmma_mma($ty, acc, OperandA::Registers(*a), b_desc, (0, TRANS_B), scale_d, Location::caller())
         }
     };
 }
 
 wgmma!(
     /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16` (SS: A and B
-    /// from shared-memory matrix descriptors; B MN-major when `TRANS_B` is
-    /// 1). Computed when issued; its accumulator may be read after a
+    /// from shared-memory matrix descriptors; A MN-major when `TRANS_A` is
+    /// 1, B when `TRANS_B` is). Computed when issued; its accumulator may be read after a
     /// `wgmma_wait_group` that covers it.
     wgmma_ss_f16,
     wgmma_rs_f16,

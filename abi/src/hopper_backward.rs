@@ -1,0 +1,283 @@
+//! The sm_90a main backward kernels (issue 31 on Hopper): their table,
+//! tile configuration, shared-memory layout and argument block.
+//!
+//! They replace the second of the backward's three launches
+//! ([`crate::backward`]) on compute capability 9.0 for the calls they take
+//! (dense, non-deterministic, unmasked or causal, no softcap or ALiBi, d =
+//! 64 or 128); the prepare and finish kernels are the portable ones, on the
+//! same [`BackwardParams`]. A block is one key block of
+//! [`HOPPER_BACKWARD_BLOCK_N`] keys of one key/value head and batch: a
+//! producer warpgroup that loads K and V once and each query step's Q and
+//! dO ([`HOPPER_BACKWARD_BLOCK_M`] rows) by TMA into a ring of two stages,
+//! and two consumer warpgroups, each owning 64 of the keys, that compute
+//! with `wgmma`.
+
+use crate::backward::BackwardParams;
+use crate::hopper::{CONSUMER_ROWS, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN, WARPGROUP_THREADS};
+use crate::kernels::{Dtype, Variant};
+use crate::sm90::TensorMap;
+
+/// Query rows of one step: one `wgmma` M.
+pub const HOPPER_BACKWARD_BLOCK_M: u32 = 64;
+/// Keys of a block: 64 per consumer warpgroup.
+pub const HOPPER_BACKWARD_BLOCK_N: u32 = 2 * CONSUMER_ROWS;
+/// Consumer warpgroups of a block.
+pub const HOPPER_BACKWARD_CONSUMERS: u32 = 2;
+/// Stages of the Q/dO ring.
+pub const HOPPER_BACKWARD_STAGES: u32 = 2;
+
+/// The tile shape of one sm_90a main backward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperBackwardConfig {
+    /// 64 or 128: whole 64-column slabs, one TMA box each.
+    pub head_dim: u32,
+}
+
+/// Byte offsets of the shared-memory regions from the 1024-byte aligned
+/// base. Every tile is slabs of 64 columns (128-byte rows, the 128-byte
+/// swizzle, as TMA lands them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperBackwardSmem {
+    /// The block's K and V: [`HOPPER_BACKWARD_BLOCK_N`] rows each.
+    pub k: u32,
+    pub v: u32,
+    /// Stage `s` of Q and of dO at `q + s * stage_bytes` and `d_o + s *
+    /// stage_bytes`: [`HOPPER_BACKWARD_BLOCK_M`] rows each.
+    pub q: u32,
+    pub d_o: u32,
+    pub stage_bytes: u32,
+    /// Each consumer's P of a step, rounded: 64 rows (queries) of its 64
+    /// keys, one slab, at `p + consumer * 8192`.
+    pub p: u32,
+    /// dS of a step, rounded, in two buffers (steps alternate): 64 rows of
+    /// the block's 128 keys, each consumer's keys one slab; buffer `b` at
+    /// `d_s + b * d_s_bytes`.
+    pub d_s: u32,
+    pub d_s_bytes: u32,
+    /// A step's dQ, f32, [`HopperBackwardConfig::dq_partials`] of them
+    /// `d_q_bytes` apart: 64 rows of the head dim's columns,
+    /// [`HopperBackwardConfig::dq_pitch`] bytes apart. The consumers store
+    /// their parts; the producer warpgroup's other warps add them to the
+    /// accumulator in global memory.
+    pub d_q: u32,
+    pub d_q_bytes: u32,
+    /// The mbarriers, 8 bytes each: K/V full, per stage Q/dO full and Q/dO
+    /// empty, then dQ full and dQ empty.
+    pub barriers: u32,
+    pub end: u32,
+}
+
+impl HopperBackwardConfig {
+    /// Threads per block: the producer warpgroup and the consumers.
+    pub const fn threads(&self) -> u32 {
+        WARPGROUP_THREADS * (1 + HOPPER_BACKWARD_CONSUMERS)
+    }
+
+    /// Registers per thread after `setmaxnreg`, `(producer, consumer)`:
+    /// `(40 + 2 * 232) * 128`, within the SM's 64K. A consumer holds dK and
+    /// dV of its 64 keys (`head_dim` registers together), S and dP of a
+    /// step (32 each), then the step's dQ (32); the producer warpgroup's
+    /// threads issue the TMA loads or add dQ to the accumulator, which at
+    /// 24 or 32 registers spilled.
+    pub const fn registers(&self) -> (u32, u32) {
+        (40, 232)
+    }
+
+    /// Columns of dQ each consumer computes per step, and whether it sums
+    /// over only its own keys: at d = 128 each takes half the columns over
+    /// all 128 keys (both consumers' dS); at d = 64 (a `wgmma` N of 32 is
+    /// not among the primitives') each takes every column over its own 64
+    /// keys, and both add to the accumulator.
+    pub const fn dq_columns(&self) -> u32 {
+        if self.head_dim == 64 {
+            64
+        } else {
+            self.head_dim / HOPPER_BACKWARD_CONSUMERS
+        }
+    }
+
+    /// dQ buffers in shared memory: one where the consumers compute
+    /// different columns (d = 128), one per consumer where each computes
+    /// every column over its own keys (d = 64), which the warps that add
+    /// them to the accumulator sum.
+    pub const fn dq_partials(&self) -> u32 {
+        if self.dq_columns() < self.head_dim {
+            1
+        } else {
+            HOPPER_BACKWARD_CONSUMERS
+        }
+    }
+
+    /// Bytes from one row of a dQ buffer to the next: the head dim's f32
+    /// and 32 more, so that a warp's stores of its 8 rows (32 bytes each)
+    /// fall in two wavefronts rather than eight.
+    pub const fn dq_pitch(&self) -> u32 {
+        4 * self.head_dim + 32
+    }
+
+    pub const fn layout(&self) -> HopperBackwardSmem {
+        // Bytes of one row of K, V, Q or dO, in whole slabs.
+        let row = (self.head_dim / SLAB_COLUMNS) * SLAB_ROW_BYTES;
+        let k = 0;
+        let v = k + HOPPER_BACKWARD_BLOCK_N * row;
+        let q = v + HOPPER_BACKWARD_BLOCK_N * row;
+        let stage_bytes = HOPPER_BACKWARD_BLOCK_M * row;
+        let d_o = q + HOPPER_BACKWARD_STAGES * stage_bytes;
+        let p = d_o + HOPPER_BACKWARD_STAGES * stage_bytes;
+        let d_s = p + HOPPER_BACKWARD_CONSUMERS * HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
+        let d_s_bytes = HOPPER_BACKWARD_BLOCK_M * HOPPER_BACKWARD_BLOCK_N * 2;
+        let d_q = d_s + 2 * d_s_bytes;
+        let d_q_bytes = HOPPER_BACKWARD_BLOCK_M * self.dq_pitch();
+        let barriers = d_q + self.dq_partials() * d_q_bytes;
+        let end = barriers + 8 * (3 + 2 * HOPPER_BACKWARD_STAGES);
+        HopperBackwardSmem { k, v, q, d_o, stage_bytes, p, d_s, d_s_bytes, d_q, d_q_bytes, barriers, end }
+    }
+
+    /// Dynamic shared memory: the layout plus what aligning its base may take.
+    pub const fn smem_bytes(&self) -> u32 {
+        self.layout().end + SMEM_ALIGN
+    }
+
+    /// `(key blocks, key/value heads, batch)`.
+    pub const fn grid(&self, seqlen_k: u32, heads_kv: u32, batch: u32) -> [u32; 3] {
+        [seqlen_k.div_ceil(HOPPER_BACKWARD_BLOCK_N), heads_kv, batch]
+    }
+}
+
+/// The config of head dim `head_dim`'s sm_90a backward kernels, if it has any.
+pub const fn hopper_backward_config(head_dim: u32) -> Option<HopperBackwardConfig> {
+    match head_dim {
+        64 | 128 => Some(HopperBackwardConfig { head_dim }),
+        _ => None,
+    }
+}
+
+/// The config of a row of the table; a missing one stops the build.
+pub const fn hopper_backward_config_of(head_dim: u32) -> HopperBackwardConfig {
+    match hopper_backward_config(head_dim) {
+        Some(config) => config,
+        None => panic!("an sm_90a backward kernel of the table has no config"),
+    }
+}
+
+/// The argument block of the sm_90a main backward kernels: the portable
+/// block (the forward's tensors and sizes, dO, the gradients, delta and
+/// the dQ accumulator) and the tensor maps the producer loads through.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HopperBackwardParams {
+    pub backward: BackwardParams,
+    /// Four tensor maps in global memory, 64-byte aligned: q, k, v and dO,
+    /// each over `[batch, seqlen, heads, head_dim]` (dimension 0 innermost),
+    /// boxes of 64 columns and [`HOPPER_BACKWARD_BLOCK_M`] (q, dO) or
+    /// [`HOPPER_BACKWARD_BLOCK_N`] (k, v) rows, the 128-byte swizzle.
+    pub tensor_maps: *const TensorMap,
+}
+
+/// What the host uploads to the call's scratch ahead of the launches: the
+/// tensor maps of q, k, v and dO.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HopperBackwardScratch {
+    pub tensor_maps: [TensorMap; 4],
+}
+
+/// One sm_90a main backward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperBackwardKernel {
+    /// The PTX entry point.
+    pub name: &'static str,
+    pub head_dim: u32,
+    pub dtype: Dtype,
+    /// [`Variant::Full`] or [`Variant::Causal`].
+    pub variant: Variant,
+    pub config: HopperBackwardConfig,
+}
+
+/// Calls `$callback!` with every sm_90a main backward kernel, one
+/// `(entry_point, head_dim, Dtype, Variant)` row each: the one list of them.
+#[macro_export]
+macro_rules! hopper_backward_kernels {
+    ($callback:ident) => {
+        $callback! {
+            (flash_bwd_sm90_d64_f16_full, 64, F16, Full),
+            (flash_bwd_sm90_d64_f16_causal, 64, F16, Causal),
+            (flash_bwd_sm90_d64_bf16_full, 64, Bf16, Full),
+            (flash_bwd_sm90_d64_bf16_causal, 64, Bf16, Causal),
+            (flash_bwd_sm90_d128_f16_full, 128, F16, Full),
+            (flash_bwd_sm90_d128_f16_causal, 128, F16, Causal),
+            (flash_bwd_sm90_d128_bf16_full, 128, Bf16, Full),
+            (flash_bwd_sm90_d128_bf16_causal, 128, Bf16, Causal),
+        }
+    };
+}
+
+macro_rules! hopper_backward_table {
+    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident)),* $(,)?) => {
+        /// Every sm_90a main backward kernel.
+        pub const HOPPER_BACKWARD_KERNELS: &[HopperBackwardKernel] = &[$(HopperBackwardKernel {
+            name: stringify!($name),
+            head_dim: $head_dim,
+            dtype: Dtype::$dtype,
+            variant: Variant::$variant,
+            config: hopper_backward_config_of($head_dim),
+        }),*];
+    };
+}
+
+hopper_backward_kernels!(hopper_backward_table);
+
+/// The sm_90a main backward kernel of `head_dim`, `dtype` and `variant`, if
+/// there is one.
+pub fn hopper_backward_kernel(head_dim: u32, dtype: Dtype, variant: Variant) -> Option<&'static HopperBackwardKernel> {
+    HOPPER_BACKWARD_KERNELS.iter().find(|k| k.head_dim == head_dim && k.dtype == dtype && k.variant == variant)
+}
+
+// The invariants of every row, checked as the crate builds.
+const _: () = {
+    let mut i = 0;
+    while i < HOPPER_BACKWARD_KERNELS.len() {
+        let k = &HOPPER_BACKWARD_KERNELS[i];
+        let c = k.config;
+        assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(SLAB_COLUMNS));
+        assert!(matches!(k.variant, Variant::Full | Variant::Causal));
+        assert!(c.smem_bytes() <= crate::hopper::MAX_HOPPER_SMEM);
+        let (producer, consumer) = c.registers();
+        assert!(WARPGROUP_THREADS * (producer + HOPPER_BACKWARD_CONSUMERS * consumer) <= crate::hopper::REGISTER_FILE);
+        // Every tile slab starts on the swizzle's 1024-byte repeat.
+        let l = c.layout();
+        assert!(l.v.is_multiple_of(SMEM_ALIGN) && l.q.is_multiple_of(SMEM_ALIGN) && l.d_o.is_multiple_of(SMEM_ALIGN));
+        assert!(l.stage_bytes.is_multiple_of(SMEM_ALIGN) && l.p.is_multiple_of(SMEM_ALIGN));
+        assert!(l.d_q.is_multiple_of(16) && c.dq_pitch() % 128 == 32);
+        assert!(l.d_s.is_multiple_of(SMEM_ALIGN) && l.d_s_bytes.is_multiple_of(SMEM_ALIGN));
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::format;
+
+    #[test]
+    fn names_follow_head_dim_dtype_and_variant() {
+        for k in HOPPER_BACKWARD_KERNELS {
+            assert_eq!(k.name, format!("flash_bwd_sm90_d{}_{}_{}", k.head_dim, k.dtype.name(), k.variant.suffix()));
+            assert_eq!(hopper_backward_kernel(k.head_dim, k.dtype, k.variant), Some(k));
+        }
+        assert_eq!(HOPPER_BACKWARD_KERNELS.len(), 8);
+    }
+
+    #[test]
+    fn d128_layout_is_k_v_two_stages_of_q_and_do_then_p_two_ds_and_dq() {
+        let l = hopper_backward_config_of(128).layout();
+        assert_eq!((l.k, l.v, l.q, l.d_o, l.stage_bytes), (0, 32768, 65536, 98304, 16384));
+        assert_eq!((l.p, l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (131072, 147456, 16384, 180224, 64 * 544));
+        assert_eq!(l.barriers, 180224 + 34816);
+        assert_eq!(hopper_backward_config_of(128).smem_bytes(), 215040 + 56 + 1024);
+        // d = 64: a dQ buffer per consumer.
+        let l = hopper_backward_config_of(64).layout();
+        assert_eq!((l.d_q_bytes, l.barriers - l.d_q), (64 * 288, 2 * 64 * 288));
+    }
+}

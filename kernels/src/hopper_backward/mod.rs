@@ -1,0 +1,210 @@
+//! The sm_90a main backward kernels: FlashAttention-2's backward algorithm
+//! on `wgmma` and TMA, warp-specialized as the forward ([`crate::hopper`]).
+//!
+//! A block is one key block of [`HOPPER_BACKWARD_BLOCK_N`] keys of one
+//! key/value head and batch. It walks every query step (64 rows) of every
+//! query head of its group whose rows see its keys, and keeps dK and dV of
+//! its keys in registers through all of them:
+//!
+//! - warpgroup 0, the producer, gives its registers to the consumers. One
+//!   thread issues every TMA load ([`load_block`]): K and V once, then
+//!   each step's Q and dO into a ring of two stages, each guarded by a full
+//!   and an empty mbarrier. Its warps 1 to 3 add each step's dQ, which the
+//!   consumers leave in shared memory, to the f32 accumulator in global
+//!   memory ([`add_d_q`]), so that the consumers never wait on atomics;
+//! - warpgroups 1 and 2, the consumers ([`consumer`]), own 64 keys each.
+//!   Per step: `S = Q K^T` and `dP = dO V^T` for their keys, P from the
+//!   forward's LSE and `dS = P (dP - delta)` in registers, both written to
+//!   shared memory, then `dV += P^T dO`, `dK += dS^T Q` and their share of
+//!   `dQ = dS K`, which they store to shared memory.
+//!
+//! The prepare and finish kernels around it are the portable ones
+//! ([`crate::backward::rows`]).
+
+pub mod consumer;
+pub mod smem;
+
+use flash_attn_abi::backward::BackwardParams;
+use flash_attn_abi::hopper::{SLAB_COLUMNS, WARPGROUP_THREADS};
+use flash_attn_abi::hopper_backward::{HopperBackwardParams, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_BLOCK_N};
+
+use crate::arch;
+use crate::backward::BatchRows;
+use crate::element::Element;
+use crate::problem::Visibility;
+use smem::Smem;
+
+/// The key block of a block, and the query steps that see it.
+#[derive(Clone, Copy)]
+pub struct KeyBlock {
+    pub batch: u32,
+    pub kv_head: u32,
+    pub first_key: u32,
+    pub visibility: Visibility,
+    /// Query steps `[first_step, end_step)` of every query head of the
+    /// group: those whose rows see some key of the block.
+    pub first_step: u32,
+    pub end_step: u32,
+}
+
+impl KeyBlock {
+    /// The block's key block (block x of `(key blocks, key/value heads,
+    /// batch)`), causal or not.
+    #[inline(always)]
+    pub fn of(p: &BackwardParams, causal: bool) -> Self {
+        let f = &p.forward;
+        let (first_key, kv_head, batch) =
+            (arch::block_idx_x() * HOPPER_BACKWARD_BLOCK_N, arch::block_idx_y(), arch::block_idx_z());
+        let visibility = Visibility {
+            seqlen_k: f.seqlen_k as i32,
+            diagonal: f.seqlen_k as i32 - f.seqlen_q as i32,
+            left: -1,
+            right: if causal { 0 } else { -1 },
+        };
+        let last_key = (first_key + HOPPER_BACKWARD_BLOCK_N).min(f.seqlen_k) - 1;
+        let (row_begin, row_end) = visibility.rows_seeing_keys(first_key, last_key, f.seqlen_q);
+        let (first_step, end_step) = if row_end > row_begin {
+            (row_begin / HOPPER_BACKWARD_BLOCK_M, row_end.div_ceil(HOPPER_BACKWARD_BLOCK_M))
+        } else {
+            (0, 0)
+        };
+        KeyBlock { batch, kv_head, first_key, visibility, first_step, end_step }
+    }
+
+    /// Query steps of one query head.
+    #[inline(always)]
+    pub fn steps(&self) -> u32 {
+        self.end_step - self.first_step
+    }
+}
+
+/// The ring stage of the block's `n`-th step, and the parity of the phase
+/// its full barrier completes for it (its empty barrier's phase of the
+/// round before is the other parity).
+#[inline(always)]
+pub fn stage_of(n: u32) -> (u32, u32) {
+    (n % 2, (n / 2) & 1)
+}
+
+/// The kernel body of one instance: element `E`, head dim `D`, causal or
+/// not; `DV_REGS = D / 2` (dK's and dV's accumulator registers) and
+/// `DV_TILES = D / 8` (their n8-tiles), which Rust cannot derive.
+///
+/// # Safety
+/// Launched with the config's threads (`.maxntid` of them), shared memory
+/// and grid, after the prepare kernel on the same `BackwardParams`, with
+/// `p`'s tensor maps the ABI's.
+#[inline(always)]
+pub unsafe fn hopper_backward<
+    E: Element,
+    const D: usize,
+    const CAUSAL: bool,
+    const PRODUCER_REGS: u32,
+    const CONSUMER_REGS: u32,
+    const DV_REGS: usize,
+    const DV_TILES: usize,
+>(
+    p: &HopperBackwardParams,
+) {
+    const { assert!(DV_REGS * 2 == D && DV_TILES * 8 == D && D.is_multiple_of(SLAB_COLUMNS as usize)) }
+    let smem = Smem::<D>::at(arch::dynamic_smem_base());
+    let tid = arch::thread_idx_x();
+    if tid == 0 {
+        smem.init_barriers();
+    }
+    arch::sync_threads();
+    let warpgroup = tid / WARPGROUP_THREADS;
+    if warpgroup == 0 {
+        arch::setmaxnreg_dec::<PRODUCER_REGS>();
+        if tid == 0 {
+            load_block::<D>(p, &smem, CAUSAL);
+        } else if tid >= 32 {
+            add_d_q::<D>(&p.backward, &smem, CAUSAL, tid - 32);
+        }
+    } else {
+        arch::setmaxnreg_inc::<CONSUMER_REGS>();
+        consumer::compute_keys::<E, D, CAUSAL, DV_REGS, DV_TILES>(&p.backward, &smem, warpgroup - 1);
+    }
+}
+
+/// The producer's one thread: K and V of the block, then Q and dO of each
+/// step of each query head of the group, in the order the consumers take
+/// them.
+///
+/// # Safety
+/// After the barriers were initialised; `p`'s tensor maps are the ABI's.
+#[inline(always)]
+unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, causal: bool) {
+    let b = KeyBlock::of(&p.backward, causal);
+    let maps = p.tensor_maps;
+    let (q_map, k_map, v_map, d_o_map) = (maps, maps.add(1), maps.add(2), maps.add(3));
+    let (batch, kv_head) = (b.batch as i32, b.kv_head as i32);
+    let slabs = Smem::<D>::SLABS;
+    arch::mbarrier_arrive_expect_tx(smem.kv_full(), 2 * Smem::<D>::KV_BYTES);
+    for slab in 0..slabs {
+        let at = [(slab * SLAB_COLUMNS) as i32, b.first_key as i32, kv_head, batch];
+        arch::tma_load_4d(smem.k(slab), k_map, at, smem.kv_full());
+        arch::tma_load_4d(smem.v(slab), v_map, at, smem.kv_full());
+    }
+    let heads_per_kv = p.backward.forward.heads_per_kv;
+    let mut n = 0;
+    for g in 0..heads_per_kv {
+        let head = (b.kv_head * heads_per_kv + g) as i32;
+        for step in b.first_step..b.end_step {
+            let (stage, parity) = stage_of(n);
+            arch::mbarrier_wait_parity(smem.q_empty(stage), parity ^ 1);
+            arch::mbarrier_arrive_expect_tx(smem.q_full(stage), 2 * Smem::<D>::STAGE_BYTES);
+            let row = (step * HOPPER_BACKWARD_BLOCK_M) as i32;
+            for slab in 0..slabs {
+                let at = [(slab * SLAB_COLUMNS) as i32, row, head, batch];
+                arch::tma_load_4d(smem.q(stage, slab), q_map, at, smem.q_full(stage));
+                arch::tma_load_4d(smem.d_o(stage, slab), d_o_map, at, smem.q_full(stage));
+            }
+            n += 1;
+        }
+    }
+}
+
+/// Thread `thread` of the producer warpgroup's warps 1 to 3: adds each
+/// step's dQ, once every consumer thread has stored its part (d = 64: the
+/// two consumers' partial sums), to the f32 accumulator, one 16-byte run of
+/// a row at a time (`red.global.add.v4.f32`; a warp's 32 runs are 512
+/// contiguous bytes), rows below seqlen_q only, then frees the buffer.
+///
+/// # Safety
+/// After the barriers were initialised; the accumulator holds every row of
+/// the call.
+#[inline(always)]
+unsafe fn add_d_q<const D: usize>(p: &BackwardParams, smem: &Smem<D>, causal: bool, thread: u32) {
+    let f = &p.forward;
+    let b = KeyBlock::of(p, causal);
+    let rows = BatchRows::of(f, b.batch);
+    let runs_per_row = D as u32 / 4;
+    let heads_per_kv = f.heads_per_kv;
+    let mut n = 0;
+    for g in 0..heads_per_kv {
+        let head = b.kv_head * heads_per_kv + g;
+        for step in b.first_step..b.end_step {
+            let first_row = step * HOPPER_BACKWARD_BLOCK_M;
+            // The step's rows are consecutive in the accumulator.
+            let accum = p.d_q_accum.offset((rows.lse_index(f, head, first_row) * D as i64) as isize);
+            let rows_here = (rows.seqlen_q - first_row).min(HOPPER_BACKWARD_BLOCK_M);
+            arch::mbarrier_wait_parity(smem.d_q_full(), n & 1);
+            let mut run = thread;
+            while run < rows_here * runs_per_row {
+                let (row, column) = (run / runs_per_row, 4 * (run % runs_per_row));
+                // Written out: a loop over the four left LLVM a local array.
+                let [a, b, c, d] = arch::ld_shared_v4(smem.d_q(0, row, 4 * column)).map(f32::from_bits);
+                let mut sum = [a, b, c, d];
+                if Smem::<D>::DQ_PARTIALS == 2 {
+                    let [e, f, g, h] = arch::ld_shared_v4(smem.d_q(1, row, 4 * column)).map(f32::from_bits);
+                    sum = [a + e, b + f, c + g, d + h];
+                }
+                arch::red_global_add_v4_f32(accum.add((row * D as u32 + column) as usize), sum);
+                run += Smem::<D>::DQ_THREADS;
+            }
+            arch::mbarrier_arrive(smem.d_q_empty());
+            n += 1;
+        }
+    }
+}
