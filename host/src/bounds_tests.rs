@@ -23,7 +23,7 @@ use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
 use crate::call::Append;
 use crate::module::Kernel;
-use crate::plan::{plan, plan_backward, plan_for, BackwardPlan, KernelArgs, KernelFamily, OutputAddrs, Plan};
+use crate::plan::{plan, plan_backward_for, plan_for, BackwardPlan, KernelArgs, KernelFamily, OutputAddrs, Plan};
 use crate::validate::tests_support::device_slice;
 use crate::validate::{validate, AttentionParams, Layout, Placed, MAX_ROW_STRIDE, MAX_SEQLEN};
 use crate::validate::{validate_backward, BackwardTensors};
@@ -34,6 +34,7 @@ use crate::{
 };
 use flash_attn_abi::backward::{BackwardParams, BACKWARD_BLOCK_M, BACKWARD_BLOCK_N, ROW_KERNEL_ROWS};
 use flash_attn_abi::hopper::HopperScratch;
+use flash_attn_abi::hopper_backward::{HopperBackwardScratch, HOPPER_BACKWARD_BLOCK_N};
 use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::ForwardParams;
 use flash_attn_abi::params::{COMBINE_COLUMNS, COMBINE_WARPS};
@@ -959,6 +960,7 @@ struct Stats {
     /// Calls whose backward was planned and checked ([`backward`]), and of
     /// them, those in the deterministic mode.
     backward: usize,
+    backward_sm90a: usize,
     deterministic: usize,
     errors: HashMap<String, usize>,
 }
@@ -1248,8 +1250,16 @@ fn backward_call(
     let tensors = BackwardTensors { o, lse_addr, lse_len, d_o: &d_o, d_q: &d_q, d_k: &d_k, d_v: &d_v };
     let deterministic = (sm_count.wrapping_add(forward.problem.seqlen_k)) % 3 == 0;
     let params = AttentionParams { deterministic, ..*params };
-    let planned =
-        validate_backward(forward, q, k, v, &tensors, &params).and_then(|call| plan_backward(&call, sm_count));
+    // Three calls in four planned for compute capability 9.0, where the
+    // sm_90a main kernel takes those it can (dense, d = 64 or 128, no
+    // window, softcap, ALiBi or deterministic mode: few of the specs).
+    let family = if (sm_count + forward.problem.seqlen_q) % 4 != 0 {
+        KernelFamily::Sm90a { sm_count }
+    } else {
+        KernelFamily::Sm80
+    };
+    let planned = validate_backward(forward, q, k, v, &tensors, &params)
+        .and_then(|call| plan_backward_for(&call, sm_count, family));
     let plan = match planned {
         Ok(plan) => plan,
         Err(Error::TooLarge { what: "backward scratch bytes" | "deterministic backward launches", .. }) => {
@@ -1359,6 +1369,7 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
     if let Some((plan, gradients)) = &call.backward {
         stats.backward += 1;
         stats.deterministic += (plan.args.dq_splits > 0) as usize;
+        stats.backward_sm90a += plan.hopper.is_some() as usize;
         let mut m = Model { buffers: call.buffers.iter().chain(gradients).cloned().collect(), ..Model::default() };
         // Its outputs are the gradients: the forward's o and lse are read.
         for b in m.buffers.iter_mut().filter(|b| matches!(b.name, "o" | "lse")) {
@@ -1366,7 +1377,7 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
         }
         for (name, offset, len) in [
             ("delta (scratch)", plan.delta, plan.d_q_accum - plan.delta),
-            ("d_q_accum (scratch)", plan.d_q_accum, plan.scratch_bytes - plan.d_q_accum),
+            ("d_q_accum (scratch)", plan.d_q_accum, plan.tensor_maps - plan.d_q_accum),
         ] {
             let (addr, len) = (SCRATCH + offset as u64, len / 4);
             m.buffers.push(Buffer { name, addr, len, elem: 4, written: true, scratch: true, values: vec![] });
@@ -1388,14 +1399,20 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
     let launches = plan.launches(SCRATCH);
     let args = |i: usize| match launches.get(i).map(|l| l.args) {
         Some(KernelArgs::Backward(a)) => Some(a),
+        Some(KernelArgs::HopperBackward(h)) => Some(h.backward),
         _ => None,
     };
     let n = launches.len();
     let kinds: Vec<Kernel> = launches.iter().map(|l| l.kernel).collect();
+    let main = match &plan.hopper {
+        Some(h) => Kernel::HopperBackward(h.kernel),
+        None => Kernel::Backward(plan.kernel),
+    };
     let expected = (n == plan.key_launches as usize + 2)
+        && (plan.hopper.is_none() || n == 3)
         && kinds[0] == Kernel::BackwardPrepare(plan.kernel.dtype)
         && kinds[n - 1] == Kernel::BackwardFinish(plan.kernel.dtype)
-        && kinds[1..n - 1].iter().all(|&k| k == Kernel::Backward(plan.kernel));
+        && kinds[1..n - 1].iter().all(|&k| k == main);
     m.check(expected, || format!("the backward's launches {kinds:?}"));
     let Some(a) = args(0) else { return m.check(false, || "the backward's arguments".into()) };
     let f = a.forward;
@@ -1438,6 +1455,9 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
     m.check(row_grid == [round_up(f.seqlen_q as i128, 16) / 16, heads, batch], || format!("row grid {row_grid:?}"));
     let grid_x = if splits > 0 { splits } else { key_blocks };
     m.check(key_grid == [grid_x, heads / (f.heads_per_kv as i128).max(1), batch], || format!("key grid {key_grid:?}"));
+    if let Some(h) = &plan.hopper {
+        hopper_backward(m, plan, h, &launches[1], a);
+    }
     for (what, x) in [("row grid x", row_grid[0]), ("key grid x", key_grid[0])] {
         m.fits(what, x, 1..=GRID_X);
     }
@@ -1524,6 +1544,46 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
         }
         // Positions in i32 (problem.rs, softmax.rs), as in the forward.
         positions(m, round_up(sq.max(1), block_m), round_up(sk.max(1), block_n), sk - sq);
+    }
+}
+
+/// The sm_90a main kernel of a backward plan (`kernels/src/hopper_backward`;
+/// [`backward`] checks the rows it reads and writes, as the sm_80 kernel's):
+/// a dense, non-deterministic call; its grid of 128-key blocks; the tensor
+/// maps it loads q, k, v and dO through (each within its tensor, as the
+/// call's strides say), uploaded inside the scratch.
+fn hopper_backward(
+    m: &mut Model,
+    plan: &BackwardPlan,
+    h: &crate::plan::HopperBackwardLaunch,
+    launch: &crate::plan::Launch,
+    a: BackwardParams,
+) {
+    let KernelArgs::HopperBackward(params) = launch.args else {
+        return m.check(false, || format!("the sm_90a backward kernel got {:?}", launch.args));
+    };
+    let f = a.forward;
+    m.check(a.dq_splits == 0 && f.cu_seqlens_q.is_null() && f.cu_seqlens_k.is_null(), || {
+        "an sm_90a backward of packed sequences or the deterministic mode".into()
+    });
+    m.check(params.tensor_maps as u64 == SCRATCH + plan.tensor_maps as u64, || "tensor maps".into());
+    m.check(plan.tensor_maps + size_of::<HopperBackwardScratch>() <= plan.scratch_bytes, || {
+        "the tensor maps past the scratch".into()
+    });
+    let (batch, heads, d) = (f.batch as i128, f.heads_q as i128, h.kernel.head_dim as i128);
+    let block_n = HOPPER_BACKWARD_BLOCK_N as i128;
+    let grid = launch.grid.map(i128::from);
+    let key_blocks = round_up(f.seqlen_k as i128, block_n) / block_n;
+    m.check(grid == [key_blocks, heads / (f.heads_per_kv as i128).max(1), batch], || format!("grid {grid:?}"));
+    m.fits("grid x", grid[0], 1..=GRID_X);
+    for (map, name) in h.maps.iter().zip(["q", "k", "v", "d_o"]) {
+        m.check(map.validate().is_ok(), || format!("{name}'s tensor map {map:?}"));
+        m.check(map.rank == 4 && map.global_dims[0] as i128 == d, || format!("{name}'s tensor map {map:?}"));
+        m.pointer(name, map.global_address, name);
+        // Element strides of dimensions 1..4 (seqlen, heads, batch).
+        let terms: Vec<(i128, i64)> =
+            (1..4).map(|i| (map.global_dims[i] as i128 - 1, (map.global_strides[i - 1] / 2) as i64)).collect();
+        m.rows(name, 0, &terms, d);
     }
 }
 
@@ -1638,6 +1698,9 @@ fn validation_accepts_only_calls_in_bounds() {
     ] {
         assert!(n * 200 >= cases, "{what}: {n} of {cases} cases");
     }
+    // The calls the sm_90a backward takes are a narrower slice of the specs.
+    let n = stats.backward_sm90a;
+    assert!(n * 1000 >= cases, "sm_90a backward kernels: {n} of {cases} cases");
 }
 
 /// A call of contiguous tensors with exact buffers and no option.

@@ -186,9 +186,10 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
 }
 
 /// A K-major operand in the 128-byte swizzle at `start` (its leading byte
-/// offset is unused in that mode; 16 by convention).
+/// offset is unused in that mode; 16 by convention); the backward's tiles
+/// too ([`crate::hopper_backward::smem`]).
 #[inline(always)]
-fn k_major(start: u32) -> u64 {
+pub(crate) fn k_major(start: u32) -> u64 {
     MatrixDescriptor {
         start,
         leading_byte_offset: 16,

@@ -18,6 +18,7 @@ use flash_attn_abi::hopper_backward::{
 use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
 use crate::arch;
+use crate::hopper::smem::k_major;
 
 /// Bytes of one 8-row group of a slab: the swizzle's repeat.
 const GROUP_BYTES: u32 = 8 * SLAB_ROW_BYTES;
@@ -202,20 +203,6 @@ impl<const D: usize> Smem<D> {
         let d_s = self.d_s(buffer, key / CONSUMER_ROWS) + 2 * (key % CONSUMER_ROWS);
         (k_major(d_s), mn_major(self.k(slab) + key * SLAB_ROW_BYTES))
     }
-}
-
-/// A K-major operand in the 128-byte swizzle at `start` (its leading byte
-/// offset is unused in that mode; 16 by convention).
-#[inline(always)]
-fn k_major(start: u32) -> u64 {
-    MatrixDescriptor {
-        start,
-        leading_byte_offset: 16,
-        stride_byte_offset: GROUP_BYTES,
-        base_offset: 0,
-        swizzle: DescriptorSwizzle::B128,
-    }
-    .encode()
 }
 
 /// An MN-major operand in the 128-byte swizzle at `start`: 64-column slabs

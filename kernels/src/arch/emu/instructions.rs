@@ -378,16 +378,19 @@ unsafe fn atomic_global_word<R>(
 /// `ptr` must point to a writable, 4-byte aligned f32 of global memory.
 #[track_caller]
 pub unsafe fn red_global_add_f32(ptr: *mut f32, value: f32) {
-    atomic_global_word(ptr.cast(), "red.global.add.f32", Location::caller(), |cell| {
-        let mut old = cell.load(Ordering::Relaxed);
-        loop {
-            let new = (f32::from_bits(old) + value).to_bits();
-            match cell.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(current) => old = current,
-            }
+    atomic_global_word(ptr.cast(), "red.global.add.f32", Location::caller(), |cell| add_f32(cell, value))
+}
+
+/// Adds `value` to the f32 whose bits `cell` holds, atomically.
+fn add_f32(cell: &AtomicU32, value: f32) {
+    let mut old = cell.load(Ordering::Relaxed);
+    loop {
+        let new = (f32::from_bits(old) + value).to_bits();
+        match cell.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => break,
+            Err(current) => old = current,
         }
-    })
+    }
 }
 
 /// `red.global.add.v4.f32` (sm_90): adds `values` to the four f32 at
@@ -404,16 +407,7 @@ pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
         t.ok(t.block.global.check(&access));
     });
     for (i, value) in values.into_iter().enumerate() {
-        atomic_global_word(ptr.add(i).cast(), instruction, site, |cell| {
-            let mut old = cell.load(Ordering::Relaxed);
-            loop {
-                let new = (f32::from_bits(old) + value).to_bits();
-                match cell.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => break,
-                    Err(current) => old = current,
-                }
-            }
-        });
+        atomic_global_word(ptr.add(i).cast(), instruction, site, |cell| add_f32(cell, value));
     }
 }
 
