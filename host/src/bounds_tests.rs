@@ -1253,7 +1253,7 @@ fn backward_call(
     // Three calls in four planned for compute capability 9.0, where the
     // sm_90a main kernel takes those it can (dense, d = 64 or 128, no
     // window, softcap, ALiBi or deterministic mode: few of the specs).
-    let family = if (sm_count + forward.problem.seqlen_q) % 4 != 0 {
+    let family = if sm_count.wrapping_add(forward.problem.seqlen_q) % 4 != 0 {
         KernelFamily::Sm90a { sm_count }
     } else {
         KernelFamily::Sm80
