@@ -38,6 +38,7 @@ use flash_attn_abi::hopper_backward::{HopperBackwardScratch, HOPPER_BACKWARD_BLO
 use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::ForwardParams;
 use flash_attn_abi::params::{COMBINE_COLUMNS, COMBINE_WARPS};
+use flash_attn_abi::sm90::TensorMapParams;
 
 /// Cases per property when `PROPTEST_CASES` is not set.
 const DEFAULT_CASES: u32 = 60_000;
@@ -1576,7 +1577,15 @@ fn hopper_backward(
     let key_blocks = round_up(f.seqlen_k as i128, block_n) / block_n;
     m.check(grid == [key_blocks, heads / (f.heads_per_kv as i128).max(1), batch], || format!("grid {grid:?}"));
     m.fits("grid x", grid[0], 1..=GRID_X);
-    for (map, name) in h.maps.iter().zip(["q", "k", "v", "d_o"]) {
+    tensor_maps(m, &h.maps, ["q", "k", "v", "d_o"], d);
+}
+
+/// The tensor maps an sm_90a kernel loads through, each named after its
+/// tensor: valid, 4-D over rows of `d` elements, every row they reach
+/// (boxes past a tensor's end are zero-filled, reading nothing) within the
+/// tensor, as the call's strides say.
+fn tensor_maps<const N: usize>(m: &mut Model, maps: &[TensorMapParams; N], names: [&'static str; N], d: i128) {
+    for (map, name) in maps.iter().zip(names) {
         m.check(map.validate().is_ok(), || format!("{name}'s tensor map {map:?}"));
         m.check(map.rank == 4 && map.global_dims[0] as i128 == d, || format!("{name}'s tensor map {map:?}"));
         m.pointer(name, map.global_address, name);
@@ -1630,15 +1639,7 @@ fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
     m.check(grid[0] <= tiles && grid[1..] == [1, 1], || format!("grid {grid:?} for {tiles} tiles"));
     m.check(params.blocks as i128 == grid[0], || format!("{} blocks given for a grid of {grid:?}", params.blocks));
     m.fits("heads_per_kv", a.heads_per_kv as i128, 1..=heads);
-    for (map, name) in h.maps.iter().zip(["q", "k", "v"]) {
-        m.check(map.validate().is_ok(), || format!("{name}'s tensor map {map:?}"));
-        m.check(map.rank == 4 && map.global_dims[0] as i128 == d, || format!("{name}'s tensor map {map:?}"));
-        m.pointer(name, map.global_address, name);
-        // Element strides of dimensions 1..4 (seqlen, heads, batch).
-        let terms: Vec<(i128, i64)> =
-            (1..4).map(|i| (map.global_dims[i] as i128 - 1, (map.global_strides[i - 1] / 2) as i64)).collect();
-        m.rows(name, 0, &terms, d);
-    }
+    tensor_maps(m, &h.maps, ["q", "k", "v"], d);
     let rows = [(batch - 1, a.o_batch_stride), (a.seqlen_q as i128 - 1, a.o_row_stride), (heads - 1, a.o_head_stride)];
     m.pointer("o", a.o as u64, "o");
     m.rows("o", 0, &rows, d);
