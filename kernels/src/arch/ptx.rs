@@ -810,6 +810,7 @@ pub fn wgmma_fence_operand<const R: usize>(acc: &mut WgmmaAccumulator<R>) {
     // `regs` within its length R.
     unsafe {
         match R {
+            16 => fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]),
             32 => {
                 fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31])
             }
@@ -858,8 +859,8 @@ macro_rules! wgmma {
         /// A is K-major when `TRANS_A` is 0 and MN-major (M contiguous) when
         /// 1, B K-major when `TRANS_B` is 0 and MN-major when 1.
         /// `D = A * B + D`, or `D = A * B` when `scale_d` is false. `R` is
-        /// `N / 2`: 32, 48, 64, 80, 96, 112 or 128 (N = 64, 96, 128, 160,
-        /// 192, 224, 256).
+        /// `N / 2`: 16, 32, 48, 64, 80, 96, 112 or 128 (N = 32, 64, 96, 128,
+        /// 160, 192, 224, 256).
         #[inline(always)]
         pub fn $ss<const R: usize, const TRANS_A: u32, const TRANS_B: u32>(
             acc: &mut WgmmaAccumulator<R>,
@@ -873,6 +874,11 @@ macro_rules! wgmma {
             // are never taken.
             unsafe {
                 match R {
+                    16 => {
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "32", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15],
+                            a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
+                    }
                     32 => {
                         wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
@@ -927,6 +933,11 @@ macro_rules! wgmma {
             // SAFETY: as in the SS form.
             unsafe {
                 match R {
+                    16 => {
+                        wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "32", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15],
+                            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                            b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
+                    }
                     32 => {
                         wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
                             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],

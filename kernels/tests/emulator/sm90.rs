@@ -392,11 +392,23 @@ fn mn_major_64(mn: usize, k: usize, k_step: usize, lbo: usize) -> usize {
     start + 16 * ((byte / 16) ^ (row % 8 / 2)) + byte % 16
 }
 
+/// Where element `(mn, k)` of k-step `k_step` of a K-major operand lies in
+/// the 64-byte swizzle: slabs of 32 columns (two k-steps, 64-byte rows)
+/// `slab_bytes` apart, 8-row groups 512 bytes apart, a row's four chunks
+/// swapped by pairs of rows as in [`mn_major_64`].
+fn k_major_64(mn: usize, k: usize, k_step: usize, slab_bytes: usize) -> usize {
+    let start = (k_step / 2) * slab_bytes + (mn / 8) * 512 + (mn % 8) * 64;
+    let byte = 2 * (16 * (k_step % 2) + k);
+    start + 16 * ((byte / 16) ^ (mn % 8 / 2)) + byte % 16
+}
+
 /// How B lies in shared memory in [`wgmma_case`].
 #[derive(Clone, Copy, PartialEq)]
 enum BLayout {
     /// K-major, the 128-byte swizzle.
     K128,
+    /// K-major, the 64-byte swizzle (32-column slabs), A likewise.
+    K64,
     /// MN-major (`imm-trans-b` 1), the 128-byte swizzle: 64-column slabs.
     Mn128,
     /// MN-major, the 64-byte swizzle: 32-column slabs.
@@ -464,6 +476,8 @@ fn wgmma_case_with_a<const R: usize>(
             for (k, &x) in row[16 * s..16 * s + 16].iter().enumerate() {
                 let at = if interleaved {
                     k_major_interleaved(m, 16 * s + k, 128, kk * 16)
+                } else if layout == BLayout::K64 {
+                    k_major_64(m, k, s, 64 * 64)
                 } else if a_mn_major {
                     mn_major_128(m, k, s, kk * 128)
                 } else {
@@ -477,6 +491,7 @@ fn wgmma_case_with_a<const R: usize>(
                 let at = b_base
                     + match layout {
                         BLayout::K128 => k_major_128(j, k, s, 1024),
+                        BLayout::K64 => k_major_64(j, k, s, n * 64),
                         BLayout::Mn128 => mn_major_128(j, k, s, kk * 128),
                         BLayout::Mn64 => mn_major_64(j, k, s, kk * 64),
                         BLayout::Interleaved => k_major_interleaved(j, 16 * s + k, 128, kk * 16),
@@ -494,6 +509,12 @@ fn wgmma_case_with_a<const R: usize>(
             (
                 desc(32 * s, 16, 1024, DescriptorSwizzle::B128),
                 desc(b_base + 2048 * s, kk * 128, 1024, DescriptorSwizzle::B128),
+            )
+        } else if layout == BLayout::K64 {
+            let column = 32 * (s % 2);
+            (
+                desc(64 * 64 * (s / 2) + column, 16, 512, DescriptorSwizzle::B64),
+                desc(b_base + n * 64 * (s / 2) + column, 16, 512, DescriptorSwizzle::B64),
             )
         } else if layout == BLayout::Mn64 {
             (
@@ -570,8 +591,9 @@ fn assert_product(what: &str, (d, expected): (Vec<Vec<f32>>, Vec<Vec<f64>>)) {
 }
 
 #[test]
-fn wgmma_ss_k_major_128b_equals_the_naive_product_for_n_64_96_128_192_256() {
+fn wgmma_ss_k_major_128b_equals_the_naive_product_for_n_32_64_96_128_192_256() {
     for ty in [Type::F16, Type::Bf16] {
+        assert_product(&format!("{ty:?} n32"), wgmma_case::<16>(ty, BLayout::K128, false));
         assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, BLayout::K128, false));
         assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, BLayout::K128, false));
         assert_product(&format!("{ty:?} n128"), wgmma_case::<64>(ty, BLayout::K128, false));
@@ -590,6 +612,19 @@ fn wgmma_ss_with_b_mn_major_equals_the_naive_product() {
         // The 64-byte swizzle: three and five slabs of 32 columns.
         assert_product(&format!("{ty:?} n96 64b"), wgmma_case::<48>(ty, BLayout::Mn64, false));
         assert_product(&format!("{ty:?} n160 64b"), wgmma_case::<80>(ty, BLayout::Mn64, false));
+        // One slab of 32 columns (the d = 32 backward's `dQ = dS K`).
+        assert_product(&format!("{ty:?} n32 64b"), wgmma_case::<16>(ty, BLayout::Mn64, false));
+    }
+}
+
+#[test]
+fn wgmma_ss_k_major_64b_equals_the_naive_product() {
+    // The d = 32 and 96 backward's scores: A and B in 32-column slabs of
+    // the 64-byte swizzle, two k-steps a slab.
+    for ty in [Type::F16, Type::Bf16] {
+        assert_product(&format!("{ty:?} n32"), wgmma_case::<16>(ty, BLayout::K64, false));
+        assert_product(&format!("{ty:?} n64"), wgmma_case::<32>(ty, BLayout::K64, false));
+        assert_product(&format!("{ty:?} n96"), wgmma_case::<48>(ty, BLayout::K64, false));
     }
 }
 
@@ -601,6 +636,9 @@ fn wgmma_ss_with_a_mn_major_equals_the_naive_product() {
         assert_product(&format!("{ty:?} n64"), wgmma_case_with_a::<32>(ty, BLayout::K128, false, true));
         assert_product(&format!("{ty:?} n64 b mn"), wgmma_case_with_a::<32>(ty, BLayout::Mn128, false, true));
         assert_product(&format!("{ty:?} n128 b mn"), wgmma_case_with_a::<64>(ty, BLayout::Mn128, false, true));
+        // d = 32 and 96: B (dO, Q) in 32-column slabs of the 64-byte swizzle.
+        assert_product(&format!("{ty:?} n32 b mn 64b"), wgmma_case_with_a::<16>(ty, BLayout::Mn64, false, true));
+        assert_product(&format!("{ty:?} n96 b mn 64b"), wgmma_case_with_a::<48>(ty, BLayout::Mn64, false, true));
     }
 }
 

@@ -929,6 +929,7 @@ enum OperandA {
 /// `None` for an N that `arch` does not implement.
 fn wgmma_name(r: usize, ty: HalfType) -> Option<&'static str> {
     Some(match (r, ty) {
+        (16, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16",
         (32, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
         (48, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16",
         (64, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
@@ -936,6 +937,7 @@ fn wgmma_name(r: usize, ty: HalfType) -> Option<&'static str> {
         (96, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16",
         (112, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16",
         (128, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16",
+        (16, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16",
         (32, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
         (48, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16",
         (64, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
