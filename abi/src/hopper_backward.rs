@@ -4,7 +4,7 @@
 //! They replace the second of the backward's three launches
 //! ([`crate::backward`]) on compute capability 9.0 for the calls they take
 //! (dense, non-deterministic, unmasked or causal, no softcap or ALiBi, d =
-//! 64 or 128); the prepare and finish kernels are the portable ones, on the
+//! 32, 64, 96 or 128); the prepare and finish kernels are the portable ones, on the
 //! same [`BackwardParams`]. A block is one key block of
 //! [`HOPPER_BACKWARD_BLOCK_N`] keys of one key/value head and batch: a
 //! producer warpgroup that loads K and V once and each query step's Q and
@@ -13,7 +13,7 @@
 //! with `wgmma`.
 
 use crate::backward::BackwardParams;
-use crate::hopper::{CONSUMER_ROWS, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN, WARPGROUP_THREADS};
+use crate::hopper::{v_slab_columns, CONSUMER_ROWS, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN, WARPGROUP_THREADS};
 use crate::kernels::{Dtype, Variant};
 use crate::sm90::TensorMap;
 
@@ -29,13 +29,15 @@ pub const HOPPER_BACKWARD_STAGES: u32 = 2;
 /// The tile shape of one sm_90a main backward kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperBackwardConfig {
-    /// 64 or 128: whole 64-column slabs, one TMA box each.
+    /// 32, 64, 96 or 128: whole slabs ([`HopperBackwardConfig::slab_columns`]),
+    /// one TMA box each.
     pub head_dim: u32,
 }
 
 /// Byte offsets of the shared-memory regions from the 1024-byte aligned
-/// base. Every tile is slabs of 64 columns (128-byte rows, the 128-byte
-/// swizzle, as TMA lands them).
+/// base. K, V, Q and dO are slabs of [`HopperBackwardConfig::slab_columns`]
+/// columns, swizzled as TMA lands them; P and dS are slabs of 64 keys
+/// (128-byte rows, the 128-byte swizzle).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperBackwardSmem {
     /// The block's K and V: [`HOPPER_BACKWARD_BLOCK_N`] rows each.
@@ -76,30 +78,47 @@ impl HopperBackwardConfig {
     /// Registers per thread after `setmaxnreg`, `(producer, consumer)`:
     /// `(40 + 2 * 232) * 128`, within the SM's 64K. A consumer holds dK and
     /// dV of its 64 keys (`head_dim` registers together), S and dP of a
-    /// step (32 each), then the step's dQ (32); the producer warpgroup's
+    /// step (32 each), then the step's dQ (`dq_columns / 2`); the producer warpgroup's
     /// threads issue the TMA loads or add dQ to the accumulator, which at
     /// 24 or 32 registers spilled.
     pub const fn registers(&self) -> (u32, u32) {
         (40, 232)
     }
 
+    /// Columns of a K, V, Q or dO slab: 64 (128-byte rows, the 128-byte
+    /// swizzle) where the head dim is whole such slabs, else 32 (64-byte
+    /// rows, the 64-byte swizzle: d = 32 and 96). Q, K and dO are also read
+    /// MN-major with the head dim as the `wgmma` N, which must be whole
+    /// slabs, so they cannot be padded to 64 columns as the forward's Q
+    /// and K are.
+    pub const fn slab_columns(&self) -> u32 {
+        v_slab_columns(self.head_dim)
+    }
+
+    /// Bytes of one row of a K, V, Q or dO slab.
+    pub const fn slab_row_bytes(&self) -> u32 {
+        2 * self.slab_columns()
+    }
+
     /// Columns of dQ each consumer computes per step, and whether it sums
-    /// over only its own keys: at d = 128 each takes half the columns over
-    /// all 128 keys (both consumers' dS); at d = 64 (a `wgmma` N of 32 is
-    /// not among the primitives') each takes every column over its own 64
-    /// keys, and both add to the accumulator.
+    /// over only its own keys: where half the head dim is whole 64-column
+    /// slabs (d = 128) each takes half the columns over all 128 keys (both
+    /// consumers' dS); else (d = 32, 64 and 96: half the columns would
+    /// be a `wgmma` N of 16 to 48, which reads a fraction of a slab row or
+    /// is not among the primitives') each takes every column over its own
+    /// 64 keys, and both add to the accumulator.
     pub const fn dq_columns(&self) -> u32 {
-        if self.head_dim == 64 {
-            64
-        } else {
+        if (self.head_dim / HOPPER_BACKWARD_CONSUMERS).is_multiple_of(SLAB_COLUMNS) {
             self.head_dim / HOPPER_BACKWARD_CONSUMERS
+        } else {
+            self.head_dim
         }
     }
 
     /// dQ buffers in shared memory: one where the consumers compute
     /// different columns (d = 128), one per consumer where each computes
-    /// every column over its own keys (d = 64), which the warps that add
-    /// them to the accumulator sum.
+    /// every column over its own keys (d = 32, 64 and 96), which the warps
+    /// that add them to the accumulator sum.
     pub const fn dq_partials(&self) -> u32 {
         if self.dq_columns() < self.head_dim {
             1
@@ -117,7 +136,7 @@ impl HopperBackwardConfig {
 
     pub const fn layout(&self) -> HopperBackwardSmem {
         // Bytes of one row of K, V, Q or dO, in whole slabs.
-        let row = (self.head_dim / SLAB_COLUMNS) * SLAB_ROW_BYTES;
+        let row = (self.head_dim / self.slab_columns()) * self.slab_row_bytes();
         let k = 0;
         let v = k + HOPPER_BACKWARD_BLOCK_N * row;
         let q = v + HOPPER_BACKWARD_BLOCK_N * row;
@@ -147,7 +166,7 @@ impl HopperBackwardConfig {
 /// The config of head dim `head_dim`'s sm_90a backward kernels, if it has any.
 pub const fn hopper_backward_config(head_dim: u32) -> Option<HopperBackwardConfig> {
     match head_dim {
-        64 | 128 => Some(HopperBackwardConfig { head_dim }),
+        32 | 64 | 96 | 128 => Some(HopperBackwardConfig { head_dim }),
         _ => None,
     }
 }
@@ -169,8 +188,9 @@ pub struct HopperBackwardParams {
     pub backward: BackwardParams,
     /// Four tensor maps in global memory, 64-byte aligned: q, k, v and dO,
     /// each over `[batch, seqlen, heads, head_dim]` (dimension 0 innermost),
-    /// boxes of 64 columns and [`HOPPER_BACKWARD_BLOCK_M`] (q, dO) or
-    /// [`HOPPER_BACKWARD_BLOCK_N`] (k, v) rows, the 128-byte swizzle.
+    /// boxes of [`HopperBackwardConfig::slab_columns`] columns (the 128- or
+    /// 64-byte swizzle) and [`HOPPER_BACKWARD_BLOCK_M`] (q, dO) or
+    /// [`HOPPER_BACKWARD_BLOCK_N`] (k, v) rows.
     pub tensor_maps: *const TensorMap,
 }
 
@@ -200,10 +220,18 @@ pub struct HopperBackwardKernel {
 macro_rules! hopper_backward_kernels {
     ($callback:ident) => {
         $callback! {
+            (flash_bwd_sm90_d32_f16_full, 32, F16, Full),
+            (flash_bwd_sm90_d32_f16_causal, 32, F16, Causal),
+            (flash_bwd_sm90_d32_bf16_full, 32, Bf16, Full),
+            (flash_bwd_sm90_d32_bf16_causal, 32, Bf16, Causal),
             (flash_bwd_sm90_d64_f16_full, 64, F16, Full),
             (flash_bwd_sm90_d64_f16_causal, 64, F16, Causal),
             (flash_bwd_sm90_d64_bf16_full, 64, Bf16, Full),
             (flash_bwd_sm90_d64_bf16_causal, 64, Bf16, Causal),
+            (flash_bwd_sm90_d96_f16_full, 96, F16, Full),
+            (flash_bwd_sm90_d96_f16_causal, 96, F16, Causal),
+            (flash_bwd_sm90_d96_bf16_full, 96, Bf16, Full),
+            (flash_bwd_sm90_d96_bf16_causal, 96, Bf16, Causal),
             (flash_bwd_sm90_d128_f16_full, 128, F16, Full),
             (flash_bwd_sm90_d128_f16_causal, 128, F16, Causal),
             (flash_bwd_sm90_d128_bf16_full, 128, Bf16, Full),
@@ -239,7 +267,7 @@ const _: () = {
     while i < HOPPER_BACKWARD_KERNELS.len() {
         let k = &HOPPER_BACKWARD_KERNELS[i];
         let c = k.config;
-        assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(SLAB_COLUMNS));
+        assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(c.slab_columns()));
         assert!(matches!(k.variant, Variant::Full | Variant::Causal));
         assert!(c.smem_bytes() <= crate::hopper::MAX_HOPPER_SMEM);
         let (producer, consumer) = c.registers();
@@ -266,7 +294,7 @@ mod tests {
             assert_eq!(k.name, format!("flash_bwd_sm90_d{}_{}_{}", k.head_dim, k.dtype.name(), k.variant.suffix()));
             assert_eq!(hopper_backward_kernel(k.head_dim, k.dtype, k.variant), Some(k));
         }
-        assert_eq!(HOPPER_BACKWARD_KERNELS.len(), 8);
+        assert_eq!(HOPPER_BACKWARD_KERNELS.len(), 16);
     }
 
     #[test]
@@ -279,5 +307,11 @@ mod tests {
         // d = 64: a dQ buffer per consumer.
         let l = hopper_backward_config_of(64).layout();
         assert_eq!((l.d_q_bytes, l.barriers - l.d_q), (64 * 288, 2 * 64 * 288));
+        // d = 96: 32-column slabs (three of 64-byte rows), a dQ buffer per consumer.
+        let c = hopper_backward_config_of(96);
+        assert_eq!((c.slab_columns(), c.dq_columns(), c.dq_partials()), (32, 96, 2));
+        let l = c.layout();
+        assert_eq!((l.v, l.q, l.d_o, l.stage_bytes, l.p), (24576, 49152, 73728, 12288, 98304));
+        assert_eq!((l.d_q, l.d_q_bytes), (98304 + 16384 + 32768, 64 * 416));
     }
 }

@@ -585,8 +585,8 @@ fn hopper_backward_launch(call: &BackwardCall) -> Option<HopperBackwardLaunch> {
         return None;
     }
     let kernel = hopper_backward_kernel(u32::try_from(p.head_dim).ok()?, f.dtype, variant)?;
-    let rows = (SLAB_COLUMNS, HOPPER_BACKWARD_BLOCK_M);
-    let keys = (SLAB_COLUMNS, HOPPER_BACKWARD_BLOCK_N);
+    let columns = kernel.config.slab_columns();
+    let (rows, keys) = ((columns, HOPPER_BACKWARD_BLOCK_M), (columns, HOPPER_BACKWARD_BLOCK_N));
     let maps = [
         tma_map(f, &f.q, p.seqlen_q, p.heads_q, rows),
         tma_map(f, &f.k, p.seqlen_k, p.heads_kv, keys),

@@ -221,6 +221,8 @@ macro_rules! hopper_backward_entry_points {
             { C.registers().1 },
             { C.head_dim as usize / 2 },
             { C.head_dim as usize / 8 },
+            { C.dq_columns() as usize / 2 },
+            { C.dq_columns() as usize / 8 },
         >($params)
     }};
 }

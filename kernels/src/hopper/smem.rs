@@ -186,7 +186,7 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
 }
 
 /// A K-major operand in the 128-byte swizzle at `start` (its leading byte
-/// offset is unused in that mode; 16 by convention); the backward's tiles
+/// offset is unused in that mode; 16 by convention); the backward's dS
 /// too ([`crate::hopper_backward::smem`]).
 #[inline(always)]
 pub(crate) fn k_major(start: u32) -> u64 {

@@ -34,7 +34,7 @@ use crate::element::Element;
 use crate::hopper::consumer::as_tiles;
 use crate::softmax::ScoreMask;
 
-/// Accumulator registers and n8-tiles of a 64 x 64 product (S, dP, dQ).
+/// Accumulator registers and n8-tiles of a 64 x 64 product (S, dP).
 const SQUARE_REGS: usize = 32;
 const SQUARE_TILES: usize = 8;
 
@@ -55,7 +55,7 @@ fn sync_stores<const D: usize>(consumer: u32) {
 }
 
 /// Whether each consumer's dQ reads both consumers' dS (d = 128: each
-/// takes half the columns over all keys) or its own (d = 64).
+/// takes half the columns over all keys) or its own (d = 32, 64 and 96).
 #[inline(always)]
 const fn shared_d_s<const D: usize>() -> bool {
     hopper_backward_config_of(D as u32).dq_columns() < D as u32
@@ -73,6 +73,8 @@ pub unsafe fn compute_keys<
     const CAUSAL: bool,
     const DV_REGS: usize,
     const DV_TILES: usize,
+    const DQ_REGS: usize,
+    const DQ_TILES: usize,
 >(
     p: &BackwardParams,
     smem: &Smem<D>,
@@ -170,7 +172,7 @@ pub unsafe fn compute_keys<
             arch::fence_proxy_async_shared();
             sync_stores::<D>(consumer);
 
-            let mut d_q = WgmmaAccumulator::<SQUARE_REGS>::new([0.0; SQUARE_REGS]);
+            let mut d_q = WgmmaAccumulator::<DQ_REGS>::new([0.0; DQ_REGS]);
             arch::wgmma_fence_operand(&mut d_v);
             arch::wgmma_fence_operand(&mut d_k);
             arch::wgmma_fence_operand(&mut d_q);
@@ -184,8 +186,8 @@ pub unsafe fn compute_keys<
                 E::wgmma_ss::<DV_REGS, 1, 1>(&mut d_k, a, b_desc, true);
             }
             for key in dq_keys.clone().step_by(16) {
-                let (a, b_desc) = smem.d_q_operands(buffer, key + dq_key_offset, dq_first_column / 64);
-                E::wgmma_ss::<SQUARE_REGS, 0, 1>(&mut d_q, a, b_desc, key > dq_keys.start);
+                let (a, b_desc) = smem.d_q_operands(buffer, key + dq_key_offset, dq_first_column);
+                E::wgmma_ss::<DQ_REGS, 0, 1>(&mut d_q, a, b_desc, key > dq_keys.start);
             }
             arch::wgmma_commit_group();
             arch::wgmma_wait_group::<0>();
@@ -202,7 +204,7 @@ pub unsafe fn compute_keys<
             // The lane's first element; the others are constants further.
             let lane_at =
                 smem.d_q(consumer % Smem::<D>::DQ_PARTIALS, 16 * warp + lane / 4, 4 * dq_first_column) + 8 * (lane % 4);
-            for (t, tile) in as_tiles::<SQUARE_REGS, SQUARE_TILES>(&mut d_q)[0].iter().enumerate() {
+            for (t, tile) in as_tiles::<DQ_REGS, DQ_TILES>(&mut d_q)[0].iter().enumerate() {
                 for half in 0..2 {
                     let at = lane_at + 32 * t as u32 + 8 * half as u32 * Smem::<D>::DQ_PITCH;
                     arch::st_shared_v2(at, [tile[2 * half].to_bits(), tile[2 * half + 1].to_bits()]);

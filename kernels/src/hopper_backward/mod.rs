@@ -25,8 +25,10 @@ pub mod consumer;
 pub mod smem;
 
 use flash_attn_abi::backward::BackwardParams;
-use flash_attn_abi::hopper::{SLAB_COLUMNS, WARPGROUP_THREADS};
-use flash_attn_abi::hopper_backward::{HopperBackwardParams, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_BLOCK_N};
+use flash_attn_abi::hopper::WARPGROUP_THREADS;
+use flash_attn_abi::hopper_backward::{
+    hopper_backward_config_of, HopperBackwardParams, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_BLOCK_N,
+};
 
 use crate::arch;
 use crate::backward::BatchRows;
@@ -88,7 +90,8 @@ pub fn stage_of(n: u32) -> (u32, u32) {
 
 /// The kernel body of one instance: element `E`, head dim `D`, causal or
 /// not; `DV_REGS = D / 2` (dK's and dV's accumulator registers) and
-/// `DV_TILES = D / 8` (their n8-tiles), which Rust cannot derive.
+/// `DV_TILES = D / 8` (their n8-tiles), `DQ_REGS` and `DQ_TILES` the same
+/// of the config's `dq_columns`, which Rust cannot derive.
 ///
 /// # Safety
 /// Launched with the config's threads (`.maxntid` of them), shared memory
@@ -103,10 +106,15 @@ pub unsafe fn hopper_backward<
     const CONSUMER_REGS: u32,
     const DV_REGS: usize,
     const DV_TILES: usize,
+    const DQ_REGS: usize,
+    const DQ_TILES: usize,
 >(
     p: &HopperBackwardParams,
 ) {
-    const { assert!(DV_REGS * 2 == D && DV_TILES * 8 == D && D.is_multiple_of(SLAB_COLUMNS as usize)) }
+    const {
+        let dq_columns = hopper_backward_config_of(D as u32).dq_columns() as usize;
+        assert!(DV_REGS * 2 == D && DV_TILES * 8 == D && DQ_REGS * 2 == dq_columns && DQ_TILES * 8 == dq_columns);
+    }
     let smem = Smem::<D>::at(arch::dynamic_smem_base());
     let tid = arch::thread_idx_x();
     if tid == 0 {
@@ -123,7 +131,7 @@ pub unsafe fn hopper_backward<
         }
     } else {
         arch::setmaxnreg_inc::<CONSUMER_REGS>();
-        consumer::compute_keys::<E, D, CAUSAL, DV_REGS, DV_TILES>(&p.backward, &smem, warpgroup - 1);
+        consumer::compute_keys::<E, D, CAUSAL, DV_REGS, DV_TILES, DQ_REGS, DQ_TILES>(&p.backward, &smem, warpgroup - 1);
     }
 }
 
@@ -142,7 +150,7 @@ unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, c
     let slabs = Smem::<D>::SLABS;
     arch::mbarrier_arrive_expect_tx(smem.kv_full(), 2 * Smem::<D>::KV_BYTES);
     for slab in 0..slabs {
-        let at = [(slab * SLAB_COLUMNS) as i32, b.first_key as i32, kv_head, batch];
+        let at = [(slab * Smem::<D>::SLAB_COLUMNS) as i32, b.first_key as i32, kv_head, batch];
         arch::tma_load_4d(smem.k(slab), k_map, at, smem.kv_full());
         arch::tma_load_4d(smem.v(slab), v_map, at, smem.kv_full());
     }
@@ -156,7 +164,7 @@ unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, c
             arch::mbarrier_arrive_expect_tx(smem.q_full(stage), 2 * Smem::<D>::STAGE_BYTES);
             let row = (step * HOPPER_BACKWARD_BLOCK_M) as i32;
             for slab in 0..slabs {
-                let at = [(slab * SLAB_COLUMNS) as i32, row, head, batch];
+                let at = [(slab * Smem::<D>::SLAB_COLUMNS) as i32, row, head, batch];
                 arch::tma_load_4d(smem.q(stage, slab), q_map, at, smem.q_full(stage));
                 arch::tma_load_4d(smem.d_o(stage, slab), d_o_map, at, smem.q_full(stage));
             }
@@ -166,10 +174,11 @@ unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, c
 }
 
 /// Thread `thread` of the producer warpgroup's warps 1 to 3: adds each
-/// step's dQ, once every consumer thread has stored its part (d = 64: the
-/// two consumers' partial sums), to the f32 accumulator, one 16-byte run of
-/// a row at a time (`red.global.add.v4.f32`; a warp's 32 runs are 512
-/// contiguous bytes), rows below seqlen_q only, then frees the buffer.
+/// step's dQ, once every consumer thread has stored its part (the two
+/// consumers' partial sums where each took every column), to the f32
+/// accumulator, one 16-byte run of a row at a time
+/// (`red.global.add.v4.f32`; a warp's 32 runs are 512 contiguous bytes),
+/// rows below seqlen_q only, then frees the buffer.
 ///
 /// # Safety
 /// After the barriers were initialised; the accumulator holds every row of

@@ -2,12 +2,16 @@
 //! ([`flash_attn_abi::hopper_backward::HopperBackwardSmem`] gives the
 //! offsets) and the `wgmma` descriptors of its tiles.
 //!
-//! Every tile is slabs of 64 columns in the 128-byte swizzle (128-byte
-//! rows, 8-row groups 1024 bytes apart), as TMA lands K, V, Q and dO and as
-//! the consumers store P and dS. One layout serves both ways a product
-//! reads a tile: K-major where the tile's columns are the reduction (Q, K,
-//! dO and V in the scores, dS in dQ), MN-major where its rows are (P and dS
-//! transposed as A of the key gradients, dO and Q as their B, K as B of dQ).
+//! K, V, Q and dO are slabs of 64 columns in the 128-byte swizzle (128-byte
+//! rows, 8-row groups 1024 bytes apart) or, where the head dim is not whole
+//! such slabs (d = 32 and 96), of 32 columns in the 64-byte swizzle (64-byte rows,
+//! 8-row groups 512 bytes apart), as TMA lands them. P and dS, which the
+//! consumers store, are one 64-key slab per consumer in the 128-byte
+//! swizzle. One layout serves both ways a product reads a tile: K-major
+//! where the tile's columns are the reduction (Q, K, dO and V in the
+//! scores, dS in dQ), MN-major where its rows are (P and dS transposed as
+//! A of the key gradients, dO and Q as their B, K as B of dQ); an MN-major
+//! N of several slabs steps from slab to slab by the leading byte offset.
 
 use flash_attn_abi::hopper::SLAB_ROW_BYTES;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SMEM_ALIGN, WARPGROUP_THREADS};
@@ -20,10 +24,10 @@ use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 use crate::arch;
 use crate::hopper::smem::k_major;
 
-/// Bytes of one 8-row group of a slab: the swizzle's repeat.
-const GROUP_BYTES: u32 = 8 * SLAB_ROW_BYTES;
-/// Bytes of 16 rows of a slab: one `wgmma` k-step along the rows.
-const K_STEP_ROWS_BYTES: u32 = 16 * SLAB_ROW_BYTES;
+/// Bytes of one P or dS slab (a step's 64 rows of 64 keys), and of 16 of
+/// its rows: one `wgmma` k-step along the rows.
+const P_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
+const P_K_STEP_BYTES: u32 = 16 * SLAB_ROW_BYTES;
 
 /// The block's shared memory for head dim `D`, at a 1024-byte aligned base.
 #[derive(Clone, Copy)]
@@ -33,11 +37,15 @@ pub struct Smem<const D: usize> {
 }
 
 impl<const D: usize> Smem<D> {
-    /// Slabs of 64 columns of a row of K, V, Q or dO.
-    pub const SLABS: u32 = D as u32 / 64;
+    /// Columns of a slab of K, V, Q or dO, bytes of its rows, and slabs of a row.
+    pub const SLAB_COLUMNS: u32 = hopper_backward_config_of(D as u32).slab_columns();
+    const ROW_BYTES: u32 = hopper_backward_config_of(D as u32).slab_row_bytes();
+    pub const SLABS: u32 = D as u32 / Self::SLAB_COLUMNS;
+    /// `wgmma` k-steps (16 columns, 32 bytes) of a slab row.
+    const K_STEPS_PER_SLAB: u32 = Self::ROW_BYTES / 32;
     /// Bytes of one slab of K or V (the block's keys), and of Q or dO (a step's rows).
-    pub const KV_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_N * SLAB_ROW_BYTES;
-    pub const STEP_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
+    pub const KV_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_N * Self::ROW_BYTES;
+    pub const STEP_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_M * Self::ROW_BYTES;
     /// Bytes TMA lands for K (or V), and for a stage of Q (or of dO).
     pub const KV_BYTES: u32 = Self::SLABS * Self::KV_SLAB_BYTES;
     pub const STAGE_BYTES: u32 = Self::SLABS * Self::STEP_SLAB_BYTES;
@@ -94,14 +102,14 @@ impl<const D: usize> Smem<D> {
     /// Consumer `consumer`'s P of a step: one slab, its 64 keys as columns.
     #[inline(always)]
     pub fn p(&self, consumer: u32) -> u32 {
-        self.base() + self.layout.p + consumer * Self::STEP_SLAB_BYTES
+        self.base() + self.layout.p + consumer * P_SLAB_BYTES
     }
 
     /// dS of buffer `buffer` (steps alternate), the keys of consumer
     /// `consumer` (one slab).
     #[inline(always)]
     pub fn d_s(&self, buffer: u32, consumer: u32) -> u32 {
-        self.base() + self.layout.d_s + buffer * self.layout.d_s_bytes + consumer * Self::STEP_SLAB_BYTES
+        self.base() + self.layout.d_s + buffer * self.layout.d_s_bytes + consumer * P_SLAB_BYTES
     }
 
     /// Byte `byte` of row `row` of dQ buffer `partial`, f32, rows
@@ -166,17 +174,17 @@ impl<const D: usize> Smem<D> {
     /// `stage` as A, consumer `consumer`'s 64 keys of K as B, both K-major.
     #[inline(always)]
     pub fn scores_operands(&self, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
-        let column = 32 * (step % 4);
-        let keys = consumer * CONSUMER_ROWS * SLAB_ROW_BYTES;
-        (k_major(self.q(stage, step / 4) + column), k_major(self.k(step / 4) + keys + column))
+        let (slab, column) = (step / Self::K_STEPS_PER_SLAB, 32 * (step % Self::K_STEPS_PER_SLAB));
+        let keys = consumer * CONSUMER_ROWS * Self::ROW_BYTES;
+        (Self::k_major(self.q(stage, slab) + column), Self::k_major(self.k(slab) + keys + column))
     }
 
     /// `dP = dO V^T` at k-step `step`: as [`Self::scores_operands`] with dO and V.
     #[inline(always)]
     pub fn d_p_operands(&self, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
-        let column = 32 * (step % 4);
-        let keys = consumer * CONSUMER_ROWS * SLAB_ROW_BYTES;
-        (k_major(self.d_o(stage, step / 4) + column), k_major(self.v(step / 4) + keys + column))
+        let (slab, column) = (step / Self::K_STEPS_PER_SLAB, 32 * (step % Self::K_STEPS_PER_SLAB));
+        let keys = consumer * CONSUMER_ROWS * Self::ROW_BYTES;
+        (Self::k_major(self.d_o(stage, slab) + column), Self::k_major(self.v(slab) + keys + column))
     }
 
     /// `dV += P^T dO` at k-step `step` (the step's rows `16 * step..`):
@@ -184,38 +192,57 @@ impl<const D: usize> Smem<D> {
     /// dO of `stage` as the MN-major B (the head dim the N).
     #[inline(always)]
     pub fn d_v_operands(&self, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
-        (mn_major(self.p(consumer) + K_STEP_ROWS_BYTES * step), mn_major(self.d_o(stage, 0) + K_STEP_ROWS_BYTES * step))
+        let d_o = self.d_o(stage, 0) + 16 * Self::ROW_BYTES * step;
+        (p_slab(self.p(consumer) + P_K_STEP_BYTES * step), Self::mn_major(d_o, Self::STEP_SLAB_BYTES))
     }
 
     /// `dK += dS^T Q` at k-step `step`: as [`Self::d_v_operands`] with dS
     /// of `buffer` and Q.
     #[inline(always)]
     pub fn d_k_operands(&self, buffer: u32, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
-        let d_s = self.d_s(buffer, consumer) + K_STEP_ROWS_BYTES * step;
-        (mn_major(d_s), mn_major(self.q(stage, 0) + K_STEP_ROWS_BYTES * step))
+        let d_s = self.d_s(buffer, consumer) + P_K_STEP_BYTES * step;
+        let q = self.q(stage, 0) + 16 * Self::ROW_BYTES * step;
+        (p_slab(d_s), Self::mn_major(q, Self::STEP_SLAB_BYTES))
     }
 
     /// `dQ = dS K` at the k-step of keys `key..key + 16` of the block: dS of
     /// `buffer` as the K-major A, K's rows as the MN-major B from column
-    /// slab `slab` (its 64 columns the N).
+    /// `column` (a slab's first) on.
     #[inline(always)]
-    pub fn d_q_operands(&self, buffer: u32, key: u32, slab: u32) -> (u64, u64) {
+    pub fn d_q_operands(&self, buffer: u32, key: u32, column: u32) -> (u64, u64) {
         let d_s = self.d_s(buffer, key / CONSUMER_ROWS) + 2 * (key % CONSUMER_ROWS);
-        (k_major(d_s), mn_major(self.k(slab) + key * SLAB_ROW_BYTES))
+        let k = self.k(column / Self::SLAB_COLUMNS) + key * Self::ROW_BYTES;
+        (k_major(d_s), Self::mn_major(k, Self::KV_SLAB_BYTES))
+    }
+
+    /// The swizzle of K, V, Q and dO slabs: the span of their rows.
+    const SWIZZLE: DescriptorSwizzle =
+        if Self::ROW_BYTES == SLAB_ROW_BYTES { DescriptorSwizzle::B128 } else { DescriptorSwizzle::B64 };
+
+    /// A K-major operand of K, V, Q or dO at `start` (the leading byte
+    /// offset is unused in the swizzled modes; 16 by convention).
+    #[inline(always)]
+    fn k_major(start: u32) -> u64 {
+        descriptor(start, 16, 8 * Self::ROW_BYTES, Self::SWIZZLE)
+    }
+
+    /// An MN-major operand of K, Q or dO at `start`: the slabs of its N
+    /// (the head dim) `slab_bytes` apart, its 8-row groups (the K) the
+    /// swizzle's repeat apart.
+    #[inline(always)]
+    fn mn_major(start: u32, slab_bytes: u32) -> u64 {
+        descriptor(start, slab_bytes, 8 * Self::ROW_BYTES, Self::SWIZZLE)
     }
 }
 
-/// An MN-major operand in the 128-byte swizzle at `start`: 64-column slabs
-/// (the M or N) `slab bytes` apart, 8-row groups (the K) 1024 bytes apart.
-/// Every MN-major operand here is either one slab or Q/dO (a step's rows).
+/// P or dS of one consumer (one 64-key slab) as the MN-major A of the key
+/// gradients, at `start`: its keys the M, all in the slab.
 #[inline(always)]
-fn mn_major(start: u32) -> u64 {
-    MatrixDescriptor {
-        start,
-        leading_byte_offset: HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES,
-        stride_byte_offset: GROUP_BYTES,
-        base_offset: 0,
-        swizzle: DescriptorSwizzle::B128,
-    }
-    .encode()
+fn p_slab(start: u32) -> u64 {
+    descriptor(start, P_SLAB_BYTES, 8 * SLAB_ROW_BYTES, DescriptorSwizzle::B128)
+}
+
+#[inline(always)]
+fn descriptor(start: u32, leading_byte_offset: u32, stride_byte_offset: u32, swizzle: DescriptorSwizzle) -> u64 {
+    MatrixDescriptor { start, leading_byte_offset, stride_byte_offset, base_offset: 0, swizzle }.encode()
 }
