@@ -370,16 +370,10 @@ pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -
 
 /// Runs a validated backward `call` whose buffers are `memory` (the
 /// forward's o and lse, and dO, as inputs; dQ, dK and dV as outputs) on the
-/// emulator, as the host runs it on a GPU of `sm_count` SMs: plans it,
-/// reserves its scratch (every byte 0xff, NaN as f32) and runs its three
-/// launches in order.
-pub fn run_backward(call: &BackwardCall, memory: &Memory, sm_count: usize) -> Result<BackwardPlan, Failure> {
-    run_backward_on(call, memory, sm_count, KernelFamily::Sm80)
-}
-
-/// As [`run_backward`], planned for the kernel `family`: with
-/// [`KernelFamily::Sm90a`] the sm_90a main kernel runs the calls it takes,
-/// its tensor maps in our encoding.
+/// emulator, as the host runs it on a GPU of `sm_count` SMs with the kernel
+/// `family`: plans it, reserves its scratch (every byte 0xff, NaN as f32),
+/// writes the sm_90a main kernel's tensor maps there (our encoding) where
+/// the plan chose it, and runs its three launches in order.
 pub fn run_backward_on(
     call: &BackwardCall,
     memory: &Memory,

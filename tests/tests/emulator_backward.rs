@@ -1,7 +1,7 @@
 //! The backward kernels' own code on the CPU emulator, against the f64
 //! reference gradients (`flash_attn::reference::attention_backward`, itself
 //! checked against finite differences), each call going through the host's
-//! pipeline: the forward's validation, `validate_backward`, `plan_backward`,
+//! pipeline: the forward's validation, `validate_backward`, `plan_backward_for`,
 //! and the plan's three launches (prepare, the main kernel of the head
 //! dim, finish dQ). O and the LSE come from the f64 reference forward; the
 //! gradients and the scratch start as NaN. Shapes end inside a query step
