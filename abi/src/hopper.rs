@@ -28,9 +28,16 @@ pub const MAX_HOPPER_SMEM: u32 = 227 * 1024;
 /// Alignment of the shared-memory base the kernel rounds up to (the
 /// 128-byte swizzle repeats every 8 rows of 128 bytes).
 pub const SMEM_ALIGN: u32 = 1024;
-/// Registers of an SM, the pool `setmaxnreg` shares out among a block's
-/// warpgroups.
+/// Registers of an SM.
 pub const REGISTER_FILE: u32 = 64 * 1024;
+
+/// The registers `setmaxnreg` shares out among the warpgroups of a block of
+/// `threads` threads, one block an SM: what each thread launches with (the
+/// file over the threads, in whole 8s), times the threads. At 384 threads
+/// that is 168 a thread, 64512, not the whole file.
+pub const fn register_pool(threads: u32) -> u32 {
+    REGISTER_FILE / threads / 8 * 8 * threads
+}
 
 /// The tile shape of one sm_90a kernel instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -330,11 +337,11 @@ const _: () = {
         assert!(matches!(c.head_dim, 64 | 96 | 128 | 160 | 192 | 224 | 256));
         assert!(c.head_dim.is_multiple_of(c.v_slab_columns()));
         assert!(c.smem_bytes() <= MAX_HOPPER_SMEM);
-        // The warpgroups' registers after `setmaxnreg` fit the SM's file,
+        // The warpgroups' registers after `setmaxnreg` fit the block's pool,
         // and the consumers' turns are a round of at most three.
         assert!(matches!(c.consumers, 2 | 3));
         let (producer, consumer) = c.registers();
-        assert!(WARPGROUP_THREADS * (producer + c.consumers * consumer) <= REGISTER_FILE);
+        assert!(WARPGROUP_THREADS * (producer + c.consumers * consumer) <= register_pool(c.threads()));
         // Every tile slab starts on the swizzle's 1024-byte repeat.
         let l = c.layout();
         assert!(l.k.is_multiple_of(SMEM_ALIGN) && l.v.is_multiple_of(SMEM_ALIGN));

@@ -13,7 +13,9 @@
 //! with `wgmma`.
 
 use crate::backward::BackwardParams;
-use crate::hopper::{v_slab_columns, CONSUMER_ROWS, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN, WARPGROUP_THREADS};
+use crate::hopper::{
+    register_pool, v_slab_columns, CONSUMER_ROWS, SLAB_COLUMNS, SLAB_ROW_BYTES, SMEM_ALIGN, WARPGROUP_THREADS,
+};
 use crate::kernels::{Dtype, Variant};
 use crate::sm90::TensorMap;
 
@@ -272,10 +274,7 @@ const _: () = {
         assert!(matches!(k.variant, Variant::Full | Variant::Causal));
         assert!(c.smem_bytes() <= crate::hopper::MAX_HOPPER_SMEM);
         let (producer, consumer) = c.registers();
-        // The pool `setmaxnreg` shares out: the registers a thread launches
-        // with (the file over the threads, in whole 8s), times the threads.
-        let pool = crate::hopper::REGISTER_FILE / c.threads() / 8 * 8 * c.threads();
-        assert!(WARPGROUP_THREADS * (producer + HOPPER_BACKWARD_CONSUMERS * consumer) <= pool);
+        assert!(WARPGROUP_THREADS * (producer + HOPPER_BACKWARD_CONSUMERS * consumer) <= register_pool(c.threads()));
         // Every tile slab starts on the swizzle's 1024-byte repeat.
         let l = c.layout();
         assert!(l.v.is_multiple_of(SMEM_ALIGN) && l.q.is_multiple_of(SMEM_ALIGN) && l.d_o.is_multiple_of(SMEM_ALIGN));
