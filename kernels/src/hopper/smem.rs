@@ -22,9 +22,6 @@ use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
 use crate::arch;
 
-/// Bytes of one 8-row group of a Q or K slab: the swizzle's repeat.
-const GROUP_BYTES: u32 = 8 * SLAB_ROW_BYTES;
-
 /// The block's shared memory for tiles of `BM` query rows (the config's
 /// `block_m`), head dim `D` in Q and K tiles of `DT` columns (its
 /// `tile_dim`), `BN` keys per stage and `STAGES` stages, at a 1024-byte
@@ -174,14 +171,7 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     /// the MN-major B operand of `O += P V`, its slabs the N dimension.
     #[inline(always)]
     pub fn v_operand(&self, stage: u32, step: u32) -> u64 {
-        MatrixDescriptor {
-            start: self.v(stage, 0) + 16 * Self::V_ROW_BYTES * step,
-            leading_byte_offset: Self::V_SLAB_BYTES,
-            stride_byte_offset: 8 * Self::V_ROW_BYTES,
-            base_offset: 0,
-            swizzle: if Self::V_ROW_BYTES == SLAB_ROW_BYTES { DescriptorSwizzle::B128 } else { DescriptorSwizzle::B64 },
-        }
-        .encode()
+        swizzled_operand(self.v(stage, 0) + 16 * Self::V_ROW_BYTES * step, Self::V_SLAB_BYTES, Self::V_ROW_BYTES)
     }
 }
 
@@ -190,12 +180,16 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
 /// too ([`crate::hopper_backward::smem`]).
 #[inline(always)]
 pub(crate) fn k_major(start: u32) -> u64 {
-    MatrixDescriptor {
-        start,
-        leading_byte_offset: 16,
-        stride_byte_offset: GROUP_BYTES,
-        base_offset: 0,
-        swizzle: DescriptorSwizzle::B128,
-    }
-    .encode()
+    swizzled_operand(start, 16, SLAB_ROW_BYTES)
+}
+
+/// The descriptor of an operand at `start` in slabs of `row_bytes`-byte
+/// rows (128 or 64) swizzled across their span, as TMA lands them: 8-row
+/// groups (the swizzle's repeat) the stride byte offset apart, and
+/// `leading_byte_offset` the MN-major slab-to-slab step (K-major: unused).
+/// Both sm_90a families' tiles.
+#[inline(always)]
+pub(crate) fn swizzled_operand(start: u32, leading_byte_offset: u32, row_bytes: u32) -> u64 {
+    let swizzle = if row_bytes == SLAB_ROW_BYTES { DescriptorSwizzle::B128 } else { DescriptorSwizzle::B64 };
+    MatrixDescriptor { start, leading_byte_offset, stride_byte_offset: 8 * row_bytes, base_offset: 0, swizzle }.encode()
 }

@@ -19,10 +19,9 @@ use flash_attn_abi::hopper_backward::{
     hopper_backward_config_of, HopperBackwardSmem, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_BLOCK_N,
     HOPPER_BACKWARD_STAGES,
 };
-use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
 use crate::arch;
-use crate::hopper::smem::k_major;
+use crate::hopper::smem::{k_major, swizzled_operand};
 
 /// Bytes of one P or dS slab (a step's 64 rows of 64 keys), and of 16 of
 /// its rows: one `wgmma` k-step along the rows.
@@ -215,23 +214,17 @@ impl<const D: usize> Smem<D> {
         (k_major(d_s), Self::mn_major(k, Self::KV_SLAB_BYTES))
     }
 
-    /// The swizzle of K, V, Q and dO slabs: the span of their rows.
-    const SWIZZLE: DescriptorSwizzle =
-        if Self::ROW_BYTES == SLAB_ROW_BYTES { DescriptorSwizzle::B128 } else { DescriptorSwizzle::B64 };
-
-    /// A K-major operand of K, V, Q or dO at `start` (the leading byte
-    /// offset is unused in the swizzled modes; 16 by convention).
+    /// A K-major operand of K, V, Q or dO at `start`.
     #[inline(always)]
     fn k_major(start: u32) -> u64 {
-        descriptor(start, 16, 8 * Self::ROW_BYTES, Self::SWIZZLE)
+        swizzled_operand(start, 16, Self::ROW_BYTES)
     }
 
     /// An MN-major operand of K, Q or dO at `start`: the slabs of its N
-    /// (the head dim) `slab_bytes` apart, its 8-row groups (the K) the
-    /// swizzle's repeat apart.
+    /// (the head dim) `slab_bytes` apart.
     #[inline(always)]
     fn mn_major(start: u32, slab_bytes: u32) -> u64 {
-        descriptor(start, slab_bytes, 8 * Self::ROW_BYTES, Self::SWIZZLE)
+        swizzled_operand(start, slab_bytes, Self::ROW_BYTES)
     }
 }
 
@@ -239,10 +232,5 @@ impl<const D: usize> Smem<D> {
 /// gradients, at `start`: its keys the M, all in the slab.
 #[inline(always)]
 fn p_slab(start: u32) -> u64 {
-    descriptor(start, P_SLAB_BYTES, 8 * SLAB_ROW_BYTES, DescriptorSwizzle::B128)
-}
-
-#[inline(always)]
-fn descriptor(start: u32, leading_byte_offset: u32, stride_byte_offset: u32, swizzle: DescriptorSwizzle) -> u64 {
-    MatrixDescriptor { start, leading_byte_offset, stride_byte_offset, base_offset: 0, swizzle }.encode()
+    swizzled_operand(start, P_SLAB_BYTES, SLAB_ROW_BYTES)
 }
