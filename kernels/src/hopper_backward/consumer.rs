@@ -6,8 +6,7 @@
 //! 1. `S = Q K^T` and `dP = dO V^T` for the consumer's keys (`wgmma` SS,
 //!    one group), the rows' LSE and delta read meanwhile;
 //! 2. `P = exp2(S log2(e) scale - LSE log2(e))` with the causal mask, `dS
-//!    = P (dP - delta)`, both rounded and stored to shared memory (P once
-//!    every warp of the consumer is past the last step's products) as
+//!    = P (dP - delta)`, both rounded and stored to shared memory as
 //!    64-key rows (the accumulator fragment's own layout: a lane's two
 //!    neighbouring keys are one 4-byte store);
 //! 3. once every warp that reads them has stored (a named barrier: both
@@ -52,20 +51,6 @@ fn sync_stores<const D: usize>(consumer: u32) {
         arch::named_barrier_sync(1, WARPGROUP_THREADS);
     } else {
         arch::named_barrier_sync(2, WARPGROUP_THREADS);
-    }
-}
-
-/// Waits until every warp of consumer `consumer` is past the last step's
-/// `wgmma`s, which read its P (one buffer, unlike dS): a named barrier of
-/// the warpgroup (ids 3 and 4, after [`sync_stores`]'s), before it stores
-/// the next step's. A warp's `wgmma.wait_group` covers its own part of a
-/// product only.
-#[inline(always)]
-fn sync_p_readers(consumer: u32) {
-    if consumer == 0 {
-        arch::named_barrier_sync(3, WARPGROUP_THREADS);
-    } else {
-        arch::named_barrier_sync(4, WARPGROUP_THREADS);
     }
 }
 
@@ -165,7 +150,6 @@ pub unsafe fn compute_keys<
             }
             let d_p_tiles = as_tiles::<SQUARE_REGS, SQUARE_TILES>(&mut d_p);
             let scale_log2 = f.scale_log2;
-            sync_p_readers(consumer);
             for (t, (s_t, dp_t)) in s_tiles[0].iter_mut().zip(d_p_tiles[0].iter_mut()).enumerate() {
                 for i in 0..4 {
                     let half = i / 2;
