@@ -411,6 +411,24 @@ pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
     }
 }
 
+/// `red.global.add.v2.f32` (sm_90): adds `values` to the two f32 at `ptr`,
+/// each atomically, as [`red_global_add_v4_f32`]. A `ptr` that is not
+/// 8-byte aligned faults, as on the GPU.
+///
+/// # Safety
+/// `ptr` must point to two writable f32 of global memory, 8-byte aligned.
+#[track_caller]
+pub unsafe fn red_global_add_v2_f32(ptr: *mut f32, values: [f32; 2]) {
+    let (instruction, site) = ("red.global.add.v2.f32", Location::caller());
+    context::with(|t| {
+        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: 8, align: 8, write: true };
+        t.ok(t.block.global.check(&access));
+    });
+    for (i, value) in values.into_iter().enumerate() {
+        atomic_global_word(ptr.add(i).cast(), instruction, site, |cell| add_f32(cell, value));
+    }
+}
+
 /// `atom.global.add.u32`: adds `value` to the u32 at `ptr` atomically
 /// (wrapping, as blocks on other OS threads may add to the same address)
 /// and returns what it held before.
