@@ -5,12 +5,14 @@
 //! ([`crate::backward`]) on compute capability 9.0 for the calls they take
 //! (dense, non-deterministic, unmasked or causal, no softcap or ALiBi, d =
 //! 32, 64, 96 or 128); the prepare and finish kernels are the portable ones, on the
-//! same [`BackwardParams`]. A block is one key block of
-//! [`HOPPER_BACKWARD_BLOCK_N`] keys of one key/value head and batch: a
-//! producer warpgroup that loads K and V once and each query step's Q and
-//! dO ([`HOPPER_BACKWARD_BLOCK_M`] rows) by TMA into a ring of two stages,
-//! and two consumer warpgroups, each owning 64 of the keys, that compute
-//! with `wgmma`.
+//! same [`BackwardParams`]. A block is one key block
+//! ([`HopperBackwardConfig::block_n`] keys) of one key/value head and
+//! batch: a producer warpgroup that loads K and V once and each query
+//! step's Q and dO ([`HOPPER_BACKWARD_BLOCK_M`] rows) by TMA into a ring of
+//! two stages, and two consumer warpgroups that compute with `wgmma`: up
+//! to d = 128 each owns 64 of the block's 128 keys, above it
+//! ([`HopperBackwardConfig::splits_head_dim`]) the block has 64 keys and
+//! each consumer owns half the head dim of their gradients.
 
 use crate::backward::BackwardParams;
 use crate::hopper::{
@@ -21,8 +23,6 @@ use crate::sm90::TensorMap;
 
 /// Query rows of one step: one `wgmma` M.
 pub const HOPPER_BACKWARD_BLOCK_M: u32 = 64;
-/// Keys of a block: 64 per consumer warpgroup.
-pub const HOPPER_BACKWARD_BLOCK_N: u32 = 2 * CONSUMER_ROWS;
 /// Consumer warpgroups of a block.
 pub const HOPPER_BACKWARD_CONSUMERS: u32 = 2;
 /// Stages of the Q/dO ring.
@@ -31,8 +31,9 @@ pub const HOPPER_BACKWARD_STAGES: u32 = 2;
 /// The tile shape of one sm_90a main backward kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperBackwardConfig {
-    /// 32, 64, 96 or 128: whole slabs ([`HopperBackwardConfig::slab_columns`]),
-    /// one TMA box each.
+    /// 32 to 256, a multiple of 32. Up to 128 whole slabs
+    /// ([`HopperBackwardConfig::slab_columns`]), one TMA box each; above
+    /// it, [`HopperBackwardConfig::tile_dim`] rounds it up to them.
     pub head_dim: u32,
 }
 
@@ -42,7 +43,7 @@ pub struct HopperBackwardConfig {
 /// (128-byte rows, the 128-byte swizzle).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperBackwardSmem {
-    /// The block's K and V: [`HOPPER_BACKWARD_BLOCK_N`] rows each.
+    /// The block's K and V: [`HopperBackwardConfig::block_n`] rows each.
     pub k: u32,
     pub v: u32,
     /// Stage `s` of Q and of dO at `q + s * stage_bytes` and `d_o + s *
@@ -50,19 +51,21 @@ pub struct HopperBackwardSmem {
     pub q: u32,
     pub d_o: u32,
     pub stage_bytes: u32,
-    /// Each consumer's P of a step, rounded: 64 rows (queries) of its 64
-    /// keys, one slab, at `p + consumer * 8192`.
+    /// P of a step, rounded, two slabs of 64 rows (queries) of 64 keys, 8192
+    /// bytes apart: one per consumer (its keys), or where the consumers
+    /// split the head dim, the block's keys in two buffers (steps
+    /// alternate: both consumers read both halves).
     pub p: u32,
     /// dS of a step, rounded, in two buffers (steps alternate): 64 rows of
-    /// the block's 128 keys, each consumer's keys one slab; buffer `b` at
-    /// `d_s + b * d_s_bytes`.
+    /// the block's keys, 64 keys a slab; buffer `b` at `d_s + b * d_s_bytes`.
     pub d_s: u32,
     pub d_s_bytes: u32,
     /// A step's dQ, f32, [`HopperBackwardConfig::dq_partials`] of them
     /// `d_q_bytes` apart: 64 rows of the head dim's columns,
     /// [`HopperBackwardConfig::dq_pitch`] bytes apart. The consumers store
     /// their parts; the producer warpgroup's other warps add them to the
-    /// accumulator in global memory.
+    /// accumulator in global memory. None (0 bytes) where the consumers
+    /// split the head dim: they add theirs from registers.
     pub d_q: u32,
     pub d_q_bytes: u32,
     /// The mbarriers, 8 bytes each: K/V full, per stage Q/dO full and Q/dO
@@ -78,24 +81,82 @@ impl HopperBackwardConfig {
     }
 
     /// Registers per thread after `setmaxnreg`, `(producer, consumer)`:
-    /// `(40 + 2 * 232) * 128`, within the pool of 168 a thread the block
-    /// launches with (64512). A consumer holds dK and
-    /// dV of its 64 keys (`head_dim` registers together), S and dP of a
-    /// step (32 each), then the step's dQ (`dq_columns / 2`); the producer warpgroup's
-    /// threads issue the TMA loads or add dQ to the accumulator, which at
-    /// 24 or 32 registers spilled.
+    /// `(40 + 2 * 232) * 128` or `(24 + 2 * 240) * 128`, within the pool of
+    /// 168 a thread the block launches with (64512). A consumer holds dK and
+    /// dV (`gradient_columns` registers together), S and dP of a step
+    /// (`score_keys / 2` each), then the step's dQ (`dq_columns / 2`). The
+    /// producer warpgroup's threads issue the TMA loads or add dQ to the
+    /// accumulator, which at 24 or 32 registers spilled; where the
+    /// consumers split the head dim they add dQ themselves, the producer
+    /// only loads (24 do), and at 232 the consumers of d = 224 and 256
+    /// spilled (dK, dV and dQ alone are 192).
     pub const fn registers(&self) -> (u32, u32) {
-        (40, 232)
+        if self.splits_head_dim() {
+            (24, 240)
+        } else {
+            (40, 232)
+        }
+    }
+
+    /// Whether the consumers split the head dim (d > 128): a consumer's dK
+    /// and dV of 64 keys over all of it would not fit its registers. The
+    /// block then has 64 keys; each consumer computes S and dP for 32 of
+    /// them and dK, dV and dQ for half the columns ([`Self::tile_dim`]).
+    pub const fn splits_head_dim(&self) -> bool {
+        self.head_dim > 2 * SLAB_COLUMNS
+    }
+
+    /// Keys of a block: 64 per consumer, or 64 in all where the consumers
+    /// split the head dim.
+    pub const fn block_n(&self) -> u32 {
+        if self.splits_head_dim() {
+            CONSUMER_ROWS
+        } else {
+            HOPPER_BACKWARD_CONSUMERS * CONSUMER_ROWS
+        }
+    }
+
+    /// Keys of a consumer's S and dP: 64, or 32 where the consumers split
+    /// the head dim (each half of the block's).
+    pub const fn score_keys(&self) -> u32 {
+        if self.splits_head_dim() {
+            self.block_n() / HOPPER_BACKWARD_CONSUMERS
+        } else {
+            CONSUMER_ROWS
+        }
+    }
+
+    /// Columns the tiles hold: the head dim, or where the consumers split
+    /// it, the head dim rounded up to halves of whole 32-column slabs (d =
+    /// 160 and 224 run as 192 and 256). TMA fills the columns past the
+    /// head dim with zeros, so they add nothing to S and dP; their
+    /// gradients are not stored.
+    pub const fn tile_dim(&self) -> u32 {
+        if self.splits_head_dim() {
+            self.head_dim.next_multiple_of(HOPPER_BACKWARD_CONSUMERS * SLAB_COLUMNS / 2)
+        } else {
+            self.head_dim
+        }
+    }
+
+    /// Columns of dK and dV each consumer holds: every one, or half of
+    /// [`Self::tile_dim`] where the consumers split the head dim.
+    pub const fn gradient_columns(&self) -> u32 {
+        if self.splits_head_dim() {
+            self.tile_dim() / HOPPER_BACKWARD_CONSUMERS
+        } else {
+            self.head_dim
+        }
     }
 
     /// Columns of a K, V, Q or dO slab: 64 (128-byte rows, the 128-byte
-    /// swizzle) where the head dim is whole such slabs, else 32 (64-byte
-    /// rows, the 64-byte swizzle: d = 32 and 96). Q, K and dO are also read
-    /// MN-major with the head dim as the `wgmma` N, which must be whole
-    /// slabs, so they cannot be padded to 64 columns as the forward's Q
-    /// and K are.
+    /// swizzle) where the columns a consumer's gradients read are whole
+    /// such slabs, else 32 (64-byte rows, the 64-byte swizzle: d = 32, 96,
+    /// 160 and 192). Q, K and dO are also read MN-major with those columns
+    /// as the `wgmma` N, which must be whole slabs, so they cannot be
+    /// padded to 64 columns as the forward's Q and K are.
     pub const fn slab_columns(&self) -> u32 {
-        v_slab_columns(self.head_dim)
+        v_slab_columns(self.gradient_columns())
     }
 
     /// Bytes of one row of a K, V, Q or dO slab.
@@ -104,14 +165,17 @@ impl HopperBackwardConfig {
     }
 
     /// Columns of dQ each consumer computes per step, and whether it sums
-    /// over only its own keys: where half the head dim is whole 64-column
-    /// slabs (d = 128) each takes half the columns over all 128 keys (both
-    /// consumers' dS); else (d = 32, 64 and 96: half the columns would
-    /// be a `wgmma` N of 16 to 48, which reads a fraction of a slab row or
-    /// is not among the primitives') each takes every column over its own
-    /// 64 keys, and both add to the accumulator.
+    /// over only its own keys: where the consumers split the head dim, its
+    /// half over the block's 64 keys; where half the head dim is whole
+    /// 64-column slabs (d = 128) each takes half the columns over all 128
+    /// keys (both consumers' dS); else (d = 32, 64 and 96: half the columns
+    /// would be a `wgmma` N of 16 to 48, which reads a fraction of a slab
+    /// row or is not among the primitives') each takes every column over
+    /// its own 64 keys, and both add to the accumulator.
     pub const fn dq_columns(&self) -> u32 {
-        if (self.head_dim / HOPPER_BACKWARD_CONSUMERS).is_multiple_of(SLAB_COLUMNS) {
+        if self.splits_head_dim() {
+            self.gradient_columns()
+        } else if (self.head_dim / HOPPER_BACKWARD_CONSUMERS).is_multiple_of(SLAB_COLUMNS) {
             self.head_dim / HOPPER_BACKWARD_CONSUMERS
         } else {
             self.head_dim
@@ -139,17 +203,18 @@ impl HopperBackwardConfig {
 
     pub const fn layout(&self) -> HopperBackwardSmem {
         // Bytes of one row of K, V, Q or dO, in whole slabs.
-        let row = (self.head_dim / self.slab_columns()) * self.slab_row_bytes();
+        let row = (self.tile_dim() / self.slab_columns()) * self.slab_row_bytes();
+        let block_n = self.block_n();
         let k = 0;
-        let v = k + HOPPER_BACKWARD_BLOCK_N * row;
-        let q = v + HOPPER_BACKWARD_BLOCK_N * row;
+        let v = k + block_n * row;
+        let q = v + block_n * row;
         let stage_bytes = HOPPER_BACKWARD_BLOCK_M * row;
         let d_o = q + HOPPER_BACKWARD_STAGES * stage_bytes;
         let p = d_o + HOPPER_BACKWARD_STAGES * stage_bytes;
         let d_s = p + HOPPER_BACKWARD_CONSUMERS * HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
-        let d_s_bytes = HOPPER_BACKWARD_BLOCK_M * HOPPER_BACKWARD_BLOCK_N * 2;
+        let d_s_bytes = HOPPER_BACKWARD_BLOCK_M * block_n * 2;
         let d_q = d_s + 2 * d_s_bytes;
-        let d_q_bytes = HOPPER_BACKWARD_BLOCK_M * self.dq_pitch();
+        let d_q_bytes = if self.splits_head_dim() { 0 } else { HOPPER_BACKWARD_BLOCK_M * self.dq_pitch() };
         let barriers = d_q + self.dq_partials() * d_q_bytes;
         let end = barriers + 8 * (3 + 2 * HOPPER_BACKWARD_STAGES);
         HopperBackwardSmem { k, v, q, d_o, stage_bytes, p, d_s, d_s_bytes, d_q, d_q_bytes, barriers, end }
@@ -162,14 +227,14 @@ impl HopperBackwardConfig {
 
     /// `(key blocks, key/value heads, batch)`.
     pub const fn grid(&self, seqlen_k: u32, heads_kv: u32, batch: u32) -> [u32; 3] {
-        [seqlen_k.div_ceil(HOPPER_BACKWARD_BLOCK_N), heads_kv, batch]
+        [seqlen_k.div_ceil(self.block_n()), heads_kv, batch]
     }
 }
 
 /// The config of head dim `head_dim`'s sm_90a backward kernels, if it has any.
 pub const fn hopper_backward_config(head_dim: u32) -> Option<HopperBackwardConfig> {
     match head_dim {
-        32 | 64 | 96 | 128 => Some(HopperBackwardConfig { head_dim }),
+        32 | 64 | 96 | 128 | 160 | 192 | 224 | 256 => Some(HopperBackwardConfig { head_dim }),
         _ => None,
     }
 }
@@ -193,7 +258,7 @@ pub struct HopperBackwardParams {
     /// each over `[batch, seqlen, heads, head_dim]` (dimension 0 innermost),
     /// boxes of [`HopperBackwardConfig::slab_columns`] columns (the 128- or
     /// 64-byte swizzle) and [`HOPPER_BACKWARD_BLOCK_M`] (q, dO) or
-    /// [`HOPPER_BACKWARD_BLOCK_N`] (k, v) rows.
+    /// [`HopperBackwardConfig::block_n`] (k, v) rows.
     pub tensor_maps: *const TensorMap,
 }
 
@@ -239,6 +304,22 @@ macro_rules! hopper_backward_kernels {
             (flash_bwd_sm90_d128_f16_causal, 128, F16, Causal),
             (flash_bwd_sm90_d128_bf16_full, 128, Bf16, Full),
             (flash_bwd_sm90_d128_bf16_causal, 128, Bf16, Causal),
+            (flash_bwd_sm90_d160_f16_full, 160, F16, Full),
+            (flash_bwd_sm90_d160_f16_causal, 160, F16, Causal),
+            (flash_bwd_sm90_d160_bf16_full, 160, Bf16, Full),
+            (flash_bwd_sm90_d160_bf16_causal, 160, Bf16, Causal),
+            (flash_bwd_sm90_d192_f16_full, 192, F16, Full),
+            (flash_bwd_sm90_d192_f16_causal, 192, F16, Causal),
+            (flash_bwd_sm90_d192_bf16_full, 192, Bf16, Full),
+            (flash_bwd_sm90_d192_bf16_causal, 192, Bf16, Causal),
+            (flash_bwd_sm90_d224_f16_full, 224, F16, Full),
+            (flash_bwd_sm90_d224_f16_causal, 224, F16, Causal),
+            (flash_bwd_sm90_d224_bf16_full, 224, Bf16, Full),
+            (flash_bwd_sm90_d224_bf16_causal, 224, Bf16, Causal),
+            (flash_bwd_sm90_d256_f16_full, 256, F16, Full),
+            (flash_bwd_sm90_d256_f16_causal, 256, F16, Causal),
+            (flash_bwd_sm90_d256_bf16_full, 256, Bf16, Full),
+            (flash_bwd_sm90_d256_bf16_causal, 256, Bf16, Causal),
         }
     };
 }
@@ -270,7 +351,10 @@ const _: () = {
     while i < HOPPER_BACKWARD_KERNELS.len() {
         let k = &HOPPER_BACKWARD_KERNELS[i];
         let c = k.config;
-        assert!(c.head_dim == k.head_dim && c.head_dim.is_multiple_of(c.slab_columns()));
+        assert!(c.head_dim == k.head_dim && c.tile_dim().is_multiple_of(c.slab_columns()));
+        assert!(
+            c.gradient_columns().is_multiple_of(c.slab_columns()) && c.dq_columns().is_multiple_of(c.slab_columns())
+        );
         assert!(matches!(k.variant, Variant::Full | Variant::Causal));
         assert!(c.smem_bytes() <= crate::hopper::MAX_HOPPER_SMEM);
         let (producer, consumer) = c.registers();
@@ -280,6 +364,8 @@ const _: () = {
         assert!(l.v.is_multiple_of(SMEM_ALIGN) && l.q.is_multiple_of(SMEM_ALIGN) && l.d_o.is_multiple_of(SMEM_ALIGN));
         assert!(l.stage_bytes.is_multiple_of(SMEM_ALIGN) && l.p.is_multiple_of(SMEM_ALIGN));
         assert!(l.d_q.is_multiple_of(16) && c.dq_pitch() % 128 == 32);
+        // A consumer's S and dP are `wgmma` N = 32 or 64 (whole n8-tiles of a P slab).
+        assert!(c.score_keys() * HOPPER_BACKWARD_CONSUMERS <= 2 * CONSUMER_ROWS && c.block_n() <= 2 * CONSUMER_ROWS);
         assert!(l.d_s.is_multiple_of(SMEM_ALIGN) && l.d_s_bytes.is_multiple_of(SMEM_ALIGN));
         i += 1;
     }
@@ -297,7 +383,7 @@ mod tests {
             assert_eq!(k.name, format!("flash_bwd_sm90_d{}_{}_{}", k.head_dim, k.dtype.name(), k.variant.suffix()));
             assert_eq!(hopper_backward_kernel(k.head_dim, k.dtype, k.variant), Some(k));
         }
-        assert_eq!(HOPPER_BACKWARD_KERNELS.len(), 16);
+        assert_eq!(HOPPER_BACKWARD_KERNELS.len(), 32);
     }
 
     #[test]
@@ -316,5 +402,27 @@ mod tests {
         let l = c.layout();
         assert_eq!((l.v, l.q, l.d_o, l.stage_bytes, l.p), (24576, 49152, 73728, 12288, 98304));
         assert_eq!((l.d_q, l.d_q_bytes), (98304 + 16384 + 32768, 64 * 416));
+    }
+
+    #[test]
+    fn above_d128_the_consumers_split_the_head_dim_of_64_keys() {
+        // (head dim, tile dim, slab columns, a consumer's gradient columns)
+        for (d, tile, slab, half) in [(160, 192, 32, 96), (192, 192, 32, 96), (224, 256, 64, 128), (256, 256, 64, 128)]
+        {
+            let c = hopper_backward_config_of(d);
+            assert!(c.splits_head_dim());
+            assert_eq!(
+                (c.tile_dim(), c.slab_columns(), c.gradient_columns(), c.dq_columns()),
+                (tile, slab, half, half)
+            );
+            assert_eq!((c.block_n(), c.score_keys(), c.grid(65, 3, 2)), (64, 32, [2, 3, 2]));
+        }
+        assert!(!hopper_backward_config_of(128).splits_head_dim());
+        assert_eq!((hopper_backward_config_of(128).block_n(), hopper_backward_config_of(128).score_keys()), (128, 64));
+        // d = 256: K, V, two stages of Q and dO, two P and two dS buffers, no dQ.
+        let l = hopper_backward_config_of(256).layout();
+        assert_eq!((l.k, l.v, l.q, l.d_o, l.stage_bytes), (0, 32768, 65536, 131072, 32768));
+        assert_eq!((l.p, l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (196608, 212992, 8192, 229376, 0));
+        assert_eq!(hopper_backward_config_of(256).smem_bytes(), 229376 + 56 + 1024);
     }
 }

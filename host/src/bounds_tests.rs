@@ -34,7 +34,7 @@ use crate::{
 };
 use flash_attn_abi::backward::{BackwardParams, BACKWARD_BLOCK_M, BACKWARD_BLOCK_N, ROW_KERNEL_ROWS};
 use flash_attn_abi::hopper::HopperScratch;
-use flash_attn_abi::hopper_backward::{HopperBackwardScratch, HOPPER_BACKWARD_BLOCK_N};
+use flash_attn_abi::hopper_backward::HopperBackwardScratch;
 use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::ForwardParams;
 use flash_attn_abi::params::{COMBINE_COLUMNS, COMBINE_WARPS};
@@ -1572,7 +1572,7 @@ fn hopper_backward(
         "the tensor maps past the scratch".into()
     });
     let (batch, heads, d) = (f.batch as i128, f.heads_q as i128, h.kernel.head_dim as i128);
-    let block_n = HOPPER_BACKWARD_BLOCK_N as i128;
+    let block_n = h.kernel.config.block_n() as i128;
     let grid = launch.grid.map(i128::from);
     let key_blocks = round_up(f.seqlen_k as i128, block_n) / block_n;
     m.check(grid == [key_blocks, heads / (f.heads_per_kv as i128).max(1), batch], || format!("grid {grid:?}"));

@@ -15,7 +15,6 @@ use std::mem::offset_of;
 use flash_attn_abi::hopper::{hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, SLAB_COLUMNS};
 use flash_attn_abi::hopper_backward::{
     hopper_backward_kernel, HopperBackwardKernel, HopperBackwardParams, HopperBackwardScratch, HOPPER_BACKWARD_BLOCK_M,
-    HOPPER_BACKWARD_BLOCK_N,
 };
 use flash_attn_abi::kernels::{
     attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
@@ -586,7 +585,7 @@ fn hopper_backward_launch(call: &BackwardCall) -> Option<HopperBackwardLaunch> {
     }
     let kernel = hopper_backward_kernel(u32::try_from(p.head_dim).ok()?, f.dtype, variant)?;
     let columns = kernel.config.slab_columns();
-    let (rows, keys) = ((columns, HOPPER_BACKWARD_BLOCK_M), (columns, HOPPER_BACKWARD_BLOCK_N));
+    let (rows, keys) = ((columns, HOPPER_BACKWARD_BLOCK_M), (columns, kernel.config.block_n()));
     let maps = [
         tma_map(f, &f.q, p.seqlen_q, p.heads_q, rows),
         tma_map(f, &f.k, p.seqlen_k, p.heads_kv, keys),

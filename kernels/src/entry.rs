@@ -219,8 +219,10 @@ macro_rules! hopper_backward_entry_points {
             { matches!(Variant::$variant, Variant::Causal) },
             { C.registers().0 },
             { C.registers().1 },
-            { C.head_dim as usize / 2 },
-            { C.head_dim as usize / 8 },
+            { C.score_keys() as usize / 2 },
+            { C.score_keys() as usize / 8 },
+            { C.gradient_columns() as usize / 2 },
+            { C.gradient_columns() as usize / 8 },
             { C.dq_columns() as usize / 2 },
             { C.dq_columns() as usize / 8 },
         >($params)

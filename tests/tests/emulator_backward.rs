@@ -242,6 +242,10 @@ fn sm90a_causal_with_rows_that_see_no_key_and_grouped_heads() {
     let mut problem = dense(1, 60, 300, (3, 1), 128, true);
     problem.sm90a = true;
     check("sm90a causal sq < sk, MQA 3/1", &problem, 81);
+    // Consumers splitting the head dim, its tiles padded past d = 160.
+    let mut problem = dense(2, 150, 100, (4, 2), 160, true);
+    problem.sm90a = true;
+    check("sm90a d=160 causal sq > sk, GQA 4/2", &problem, 82);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The sm_90a main backward kernels: FlashAttention-2's backward algorithm
 //! on `wgmma` and TMA, warp-specialized as the forward ([`crate::hopper`]).
 //!
-//! A block is one key block of [`HOPPER_BACKWARD_BLOCK_N`] keys of one
+//! A block is one key block ([`HopperBackwardConfig::block_n`] keys) of one
 //! key/value head and batch. It walks every query step (64 rows) of every
 //! query head of its group whose rows see its keys, and keeps dK and dV of
 //! its keys in registers through all of them:
@@ -12,11 +12,15 @@
 //!   and an empty mbarrier. Its warps 1 to 3 add each step's dQ, which the
 //!   consumers leave in shared memory, to the f32 accumulator in global
 //!   memory ([`add_d_q`]), so that the consumers never wait on atomics;
-//! - warpgroups 1 and 2, the consumers ([`consumer`]), own 64 keys each.
-//!   Per step: `S = Q K^T` and `dP = dO V^T` for their keys, P from the
-//!   forward's LSE and `dS = P (dP - delta)` in registers, both written to
-//!   shared memory, then `dV += P^T dO`, `dK += dS^T Q` and their share of
-//!   `dQ = dS K`, which they store to shared memory.
+//! - warpgroups 1 and 2, the consumers ([`consumer`]), own 64 keys each
+//!   (up to d = 128) or half the head dim of the block's 64 keys (above).
+//!   Per step: `S = Q K^T` and `dP = dO V^T` for their keys (half the
+//!   block's where they split the head dim), P from the forward's LSE and
+//!   `dS = P (dP - delta)` in registers, both written to shared memory,
+//!   then `dV += P^T dO`, `dK += dS^T Q` and their share of `dQ = dS K`,
+//!   which they store to shared memory, or where they split the head dim,
+//!   add to the accumulator themselves (its shared-memory buffer would not
+//!   fit beside two stages of Q and dO).
 //!
 //! The prepare and finish kernels around it are the portable ones
 //! ([`crate::backward::rows`]).
@@ -27,7 +31,7 @@ pub mod smem;
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
 use flash_attn_abi::hopper_backward::{
-    hopper_backward_config_of, HopperBackwardParams, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_BLOCK_N,
+    hopper_backward_config_of, HopperBackwardConfig, HopperBackwardParams, HOPPER_BACKWARD_BLOCK_M,
 };
 
 use crate::arch;
@@ -51,19 +55,19 @@ pub struct KeyBlock {
 
 impl KeyBlock {
     /// The block's key block (block x of `(key blocks, key/value heads,
-    /// batch)`), causal or not.
+    /// batch)`) of head dim `D`'s kernels, causal or not.
     #[inline(always)]
-    pub fn of(p: &BackwardParams, causal: bool) -> Self {
+    pub fn of<const D: usize>(p: &BackwardParams, causal: bool) -> Self {
         let f = &p.forward;
-        let (first_key, kv_head, batch) =
-            (arch::block_idx_x() * HOPPER_BACKWARD_BLOCK_N, arch::block_idx_y(), arch::block_idx_z());
+        let block_n = const { hopper_backward_config_of(D as u32).block_n() };
+        let (first_key, kv_head, batch) = (arch::block_idx_x() * block_n, arch::block_idx_y(), arch::block_idx_z());
         let visibility = Visibility {
             seqlen_k: f.seqlen_k as i32,
             diagonal: f.seqlen_k as i32 - f.seqlen_q as i32,
             left: -1,
             right: if causal { 0 } else { -1 },
         };
-        let last_key = (first_key + HOPPER_BACKWARD_BLOCK_N).min(f.seqlen_k) - 1;
+        let last_key = (first_key + block_n).min(f.seqlen_k) - 1;
         let (row_begin, row_end) = visibility.rows_seeing_keys(first_key, last_key, f.seqlen_q);
         let (first_step, end_step) = if row_end > row_begin {
             (row_begin / HOPPER_BACKWARD_BLOCK_M, row_end.div_ceil(HOPPER_BACKWARD_BLOCK_M))
@@ -89,9 +93,10 @@ pub fn stage_of(n: u32) -> (u32, u32) {
 }
 
 /// The kernel body of one instance: element `E`, head dim `D`, causal or
-/// not; `DV_REGS = D / 2` (dK's and dV's accumulator registers) and
-/// `DV_TILES = D / 8` (their n8-tiles), `DQ_REGS` and `DQ_TILES` the same
-/// of the config's `dq_columns`, which Rust cannot derive.
+/// not; `S_REGS` and `S_TILES` the accumulator registers and n8-tiles of a
+/// consumer's S (the config's `score_keys / 2` and `/ 8`), `DV_REGS` and
+/// `DV_TILES` those of dK and dV (of `gradient_columns`), `DQ_REGS` and
+/// `DQ_TILES` those of dQ (of `dq_columns`), which Rust cannot derive.
 ///
 /// # Safety
 /// Launched with the config's threads (`.maxntid` of them), shared memory
@@ -104,6 +109,8 @@ pub unsafe fn hopper_backward<
     const CAUSAL: bool,
     const PRODUCER_REGS: u32,
     const CONSUMER_REGS: u32,
+    const S_REGS: usize,
+    const S_TILES: usize,
     const DV_REGS: usize,
     const DV_TILES: usize,
     const DQ_REGS: usize,
@@ -112,8 +119,10 @@ pub unsafe fn hopper_backward<
     p: &HopperBackwardParams,
 ) {
     const {
-        let dq_columns = hopper_backward_config_of(D as u32).dq_columns() as usize;
-        assert!(DV_REGS * 2 == D && DV_TILES * 8 == D && DQ_REGS * 2 == dq_columns && DQ_TILES * 8 == dq_columns);
+        let c: HopperBackwardConfig = hopper_backward_config_of(D as u32);
+        let (s, dv, dq) = (c.score_keys() as usize, c.gradient_columns() as usize, c.dq_columns() as usize);
+        assert!(S_REGS * 2 == s && S_TILES * 8 == s && DV_REGS * 2 == dv && DV_TILES * 8 == dv);
+        assert!(DQ_REGS * 2 == dq && DQ_TILES * 8 == dq);
     }
     let smem = Smem::<D>::at(arch::dynamic_smem_base());
     let tid = arch::thread_idx_x();
@@ -126,12 +135,16 @@ pub unsafe fn hopper_backward<
         arch::setmaxnreg_dec::<PRODUCER_REGS>();
         if tid == 0 {
             load_block::<D>(p, &smem, CAUSAL);
-        } else if tid >= 32 {
+        } else if tid >= 32 && !const { hopper_backward_config_of(D as u32).splits_head_dim() } {
             add_d_q::<D>(&p.backward, &smem, CAUSAL, tid - 32);
         }
     } else {
         arch::setmaxnreg_inc::<CONSUMER_REGS>();
-        consumer::compute_keys::<E, D, CAUSAL, DV_REGS, DV_TILES, DQ_REGS, DQ_TILES>(&p.backward, &smem, warpgroup - 1);
+        consumer::compute_keys::<E, D, CAUSAL, S_REGS, S_TILES, DV_REGS, DV_TILES, DQ_REGS, DQ_TILES>(
+            &p.backward,
+            &smem,
+            warpgroup - 1,
+        );
     }
 }
 
@@ -143,7 +156,7 @@ pub unsafe fn hopper_backward<
 /// After the barriers were initialised; `p`'s tensor maps are the ABI's.
 #[inline(always)]
 unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, causal: bool) {
-    let b = KeyBlock::of(&p.backward, causal);
+    let b = KeyBlock::of::<D>(&p.backward, causal);
     let maps = p.tensor_maps;
     let (q_map, k_map, v_map, d_o_map) = (maps, maps.add(1), maps.add(2), maps.add(3));
     let (batch, kv_head) = (b.batch as i32, b.kv_head as i32);
@@ -186,7 +199,7 @@ unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, c
 #[inline(always)]
 unsafe fn add_d_q<const D: usize>(p: &BackwardParams, smem: &Smem<D>, causal: bool, thread: u32) {
     let f = &p.forward;
-    let b = KeyBlock::of(p, causal);
+    let b = KeyBlock::of::<D>(p, causal);
     let rows = BatchRows::of(f, b.batch);
     let runs_per_row = D as u32 / 4;
     let heads_per_kv = f.heads_per_kv;

@@ -3,11 +3,11 @@
 //! offsets) and the `wgmma` descriptors of its tiles.
 //!
 //! K, V, Q and dO are slabs of 64 columns in the 128-byte swizzle (128-byte
-//! rows, 8-row groups 1024 bytes apart) or, where the head dim is not whole
-//! such slabs (d = 32 and 96), of 32 columns in the 64-byte swizzle (64-byte rows,
-//! 8-row groups 512 bytes apart), as TMA lands them. P and dS, which the
-//! consumers store, are one 64-key slab per consumer in the 128-byte
-//! swizzle. One layout serves both ways a product reads a tile: K-major
+//! rows, 8-row groups 1024 bytes apart) or, where the columns a consumer's
+//! gradients take are not whole such slabs (d = 32, 96, 160 and 192), of 32
+//! columns in the 64-byte swizzle (64-byte rows, 8-row groups 512 bytes
+//! apart), as TMA lands them. P and dS, which the consumers store, are
+//! slabs of 64 keys in the 128-byte swizzle. One layout serves both ways a product reads a tile: K-major
 //! where the tile's columns are the reduction (Q, K, dO and V in the
 //! scores, dS in dQ), MN-major where its rows are (P and dS transposed as
 //! A of the key gradients, dO and Q as their B, K as B of dQ); an MN-major
@@ -16,7 +16,7 @@
 use flash_attn_abi::hopper::SLAB_ROW_BYTES;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SMEM_ALIGN, WARPGROUP_THREADS};
 use flash_attn_abi::hopper_backward::{
-    hopper_backward_config_of, HopperBackwardSmem, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_BLOCK_N,
+    hopper_backward_config_of, HopperBackwardConfig, HopperBackwardSmem, HOPPER_BACKWARD_BLOCK_M,
     HOPPER_BACKWARD_STAGES,
 };
 
@@ -36,14 +36,16 @@ pub struct Smem<const D: usize> {
 }
 
 impl<const D: usize> Smem<D> {
-    /// Columns of a slab of K, V, Q or dO, bytes of its rows, and slabs of a row.
-    pub const SLAB_COLUMNS: u32 = hopper_backward_config_of(D as u32).slab_columns();
-    const ROW_BYTES: u32 = hopper_backward_config_of(D as u32).slab_row_bytes();
-    pub const SLABS: u32 = D as u32 / Self::SLAB_COLUMNS;
+    const CONFIG: HopperBackwardConfig = hopper_backward_config_of(D as u32);
+    /// Columns of a slab of K, V, Q or dO, bytes of its rows, and slabs of
+    /// a row (over the tile dim: those past the head dim TMA fills with zeros).
+    pub const SLAB_COLUMNS: u32 = Self::CONFIG.slab_columns();
+    const ROW_BYTES: u32 = Self::CONFIG.slab_row_bytes();
+    pub const SLABS: u32 = Self::CONFIG.tile_dim() / Self::SLAB_COLUMNS;
     /// `wgmma` k-steps (16 columns, 32 bytes) of a slab row.
     const K_STEPS_PER_SLAB: u32 = Self::ROW_BYTES / 32;
     /// Bytes of one slab of K or V (the block's keys), and of Q or dO (a step's rows).
-    pub const KV_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_N * Self::ROW_BYTES;
+    pub const KV_SLAB_BYTES: u32 = Self::CONFIG.block_n() * Self::ROW_BYTES;
     pub const STEP_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_M * Self::ROW_BYTES;
     /// Bytes TMA lands for K (or V), and for a stage of Q (or of dO).
     pub const KV_BYTES: u32 = Self::SLABS * Self::KV_SLAB_BYTES;
@@ -56,14 +58,14 @@ impl<const D: usize> Smem<D> {
     /// accumulator: their threads are the count of the dQ empty barrier.
     pub const DQ_THREADS: u32 = WARPGROUP_THREADS - 32;
     /// Bytes between rows of a dQ buffer, and the buffers.
-    pub const DQ_PITCH: u32 = hopper_backward_config_of(D as u32).dq_pitch();
-    pub const DQ_PARTIALS: u32 = hopper_backward_config_of(D as u32).dq_partials();
+    pub const DQ_PITCH: u32 = Self::CONFIG.dq_pitch();
+    pub const DQ_PARTIALS: u32 = Self::CONFIG.dq_partials();
 
     /// The layout at the dynamic shared memory `dynamic_base`, rounded up
     /// to the swizzle's repeat (the config reserves the slack).
     #[inline(always)]
     pub fn at(dynamic_base: u32) -> Self {
-        let layout = const { hopper_backward_config_of(D as u32).layout() };
+        let layout = const { Self::CONFIG.layout() };
         Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout }
     }
 
@@ -98,17 +100,18 @@ impl<const D: usize> Smem<D> {
         self.base() + self.layout.d_o + stage * self.layout.stage_bytes + slab * Self::STEP_SLAB_BYTES
     }
 
-    /// Consumer `consumer`'s P of a step: one slab, its 64 keys as columns.
+    /// P slab `slab` of a step, 64 keys as columns: a consumer's, or
+    /// where the consumers split the head dim, a buffer (steps alternate).
     #[inline(always)]
-    pub fn p(&self, consumer: u32) -> u32 {
-        self.base() + self.layout.p + consumer * P_SLAB_BYTES
+    pub fn p(&self, slab: u32) -> u32 {
+        self.base() + self.layout.p + slab * P_SLAB_BYTES
     }
 
-    /// dS of buffer `buffer` (steps alternate), the keys of consumer
-    /// `consumer` (one slab).
+    /// dS of buffer `buffer` (steps alternate), keys `64 * slab..` of the
+    /// block (one slab).
     #[inline(always)]
-    pub fn d_s(&self, buffer: u32, consumer: u32) -> u32 {
-        self.base() + self.layout.d_s + buffer * self.layout.d_s_bytes + consumer * P_SLAB_BYTES
+    pub fn d_s(&self, buffer: u32, slab: u32) -> u32 {
+        self.base() + self.layout.d_s + buffer * self.layout.d_s_bytes + slab * P_SLAB_BYTES
     }
 
     /// Byte `byte` of row `row` of dQ buffer `partial`, f32, rows
@@ -170,38 +173,39 @@ impl<const D: usize> Smem<D> {
     }
 
     /// `S = Q K^T` at k-step `step` (head dim columns `16 * step..`): Q of
-    /// `stage` as A, consumer `consumer`'s 64 keys of K as B, both K-major.
+    /// `stage` as A, the keys from the block's `key` on as B, both K-major.
     #[inline(always)]
-    pub fn scores_operands(&self, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
+    pub fn scores_operands(&self, stage: u32, key: u32, step: u32) -> (u64, u64) {
         let (slab, column) = (step / Self::K_STEPS_PER_SLAB, 32 * (step % Self::K_STEPS_PER_SLAB));
-        let keys = consumer * CONSUMER_ROWS * Self::ROW_BYTES;
+        let keys = key * Self::ROW_BYTES;
         (Self::k_major(self.q(stage, slab) + column), Self::k_major(self.k(slab) + keys + column))
     }
 
     /// `dP = dO V^T` at k-step `step`: as [`Self::scores_operands`] with dO and V.
     #[inline(always)]
-    pub fn d_p_operands(&self, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
+    pub fn d_p_operands(&self, stage: u32, key: u32, step: u32) -> (u64, u64) {
         let (slab, column) = (step / Self::K_STEPS_PER_SLAB, 32 * (step % Self::K_STEPS_PER_SLAB));
-        let keys = consumer * CONSUMER_ROWS * Self::ROW_BYTES;
+        let keys = key * Self::ROW_BYTES;
         (Self::k_major(self.d_o(stage, slab) + column), Self::k_major(self.v(slab) + keys + column))
     }
 
-    /// `dV += P^T dO` at k-step `step` (the step's rows `16 * step..`):
-    /// consumer `consumer`'s P transposed as A (its keys the M, contiguous),
-    /// dO of `stage` as the MN-major B (the head dim the N).
+    /// `dV += P^T dO` at k-step `step` (the step's rows `16 * step..`): P
+    /// slab `p_slab` transposed as A (its 64 keys the M, contiguous), dO of
+    /// `stage` from column `column` (a slab's first) on as the MN-major B
+    /// (the head dim the N).
     #[inline(always)]
-    pub fn d_v_operands(&self, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
-        let d_o = self.d_o(stage, 0) + 16 * Self::ROW_BYTES * step;
-        (p_slab(self.p(consumer) + P_K_STEP_BYTES * step), Self::mn_major(d_o, Self::STEP_SLAB_BYTES))
+    pub fn d_v_operands(&self, stage: u32, p_slab: u32, column: u32, step: u32) -> (u64, u64) {
+        let d_o = self.d_o(stage, column / Self::SLAB_COLUMNS) + 16 * Self::ROW_BYTES * step;
+        (p_operand(self.p(p_slab) + P_K_STEP_BYTES * step), Self::mn_major(d_o, Self::STEP_SLAB_BYTES))
     }
 
     /// `dK += dS^T Q` at k-step `step`: as [`Self::d_v_operands`] with dS
-    /// of `buffer` and Q.
+    /// slab `d_s_slab` of `buffer` and Q.
     #[inline(always)]
-    pub fn d_k_operands(&self, buffer: u32, stage: u32, consumer: u32, step: u32) -> (u64, u64) {
-        let d_s = self.d_s(buffer, consumer) + P_K_STEP_BYTES * step;
-        let q = self.q(stage, 0) + 16 * Self::ROW_BYTES * step;
-        (p_slab(d_s), Self::mn_major(q, Self::STEP_SLAB_BYTES))
+    pub fn d_k_operands(&self, buffer: u32, stage: u32, d_s_slab: u32, column: u32, step: u32) -> (u64, u64) {
+        let d_s = self.d_s(buffer, d_s_slab) + P_K_STEP_BYTES * step;
+        let q = self.q(stage, column / Self::SLAB_COLUMNS) + 16 * Self::ROW_BYTES * step;
+        (p_operand(d_s), Self::mn_major(q, Self::STEP_SLAB_BYTES))
     }
 
     /// `dQ = dS K` at the k-step of keys `key..key + 16` of the block: dS of
@@ -228,9 +232,9 @@ impl<const D: usize> Smem<D> {
     }
 }
 
-/// P or dS of one consumer (one 64-key slab) as the MN-major A of the key
-/// gradients, at `start`: its keys the M, all in the slab.
+/// A slab of P or dS (64 keys) as the MN-major A of the key gradients, at
+/// `start`: its keys the M, all in the slab.
 #[inline(always)]
-fn p_slab(start: u32) -> u64 {
+fn p_operand(start: u32) -> u64 {
     swizzled_operand(start, P_SLAB_BYTES, SLAB_ROW_BYTES)
 }
