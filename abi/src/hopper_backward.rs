@@ -65,7 +65,7 @@ pub struct HopperBackwardSmem {
     /// [`HopperBackwardConfig::dq_pitch`] bytes apart. The consumers store
     /// their parts; the producer warpgroup's other warps add them to the
     /// accumulator in global memory. None (0 bytes) where the consumers
-    /// split the head dim: they add theirs from registers.
+    /// add theirs from registers ([`HopperBackwardConfig::dq_in_smem`]).
     pub d_q: u32,
     pub d_q_bytes: u32,
     /// The mbarriers, 8 bytes each: K/V full, per stage Q/dO full and Q/dO
@@ -87,11 +87,11 @@ impl HopperBackwardConfig {
     /// (`score_keys / 2` each), then the step's dQ (`dq_columns / 2`). The
     /// producer warpgroup's threads issue the TMA loads or add dQ to the
     /// accumulator, which at 24 or 32 registers spilled; where the
-    /// consumers split the head dim they add dQ themselves, the producer
+    /// consumers add dQ themselves ([`Self::dq_in_smem`]) the producer
     /// only loads (24 do), and at 232 the consumers of d = 224 and 256
     /// spilled (dK, dV and dQ alone are 192).
     pub const fn registers(&self) -> (u32, u32) {
-        if self.splits_head_dim() {
+        if !self.dq_in_smem() {
             (24, 240)
         } else {
             (40, 232)
@@ -194,11 +194,23 @@ impl HopperBackwardConfig {
         }
     }
 
-    /// Bytes from one row of a dQ buffer to the next: the head dim's f32
-    /// and 32 more, so that a warp's stores of its 8 rows (32 bytes each)
+    /// Whether a step's dQ goes through shared memory, where the producer
+    /// warpgroup's other warps add it to the accumulator (16 bytes a lane,
+    /// a warp's 512 contiguous), or the consumers add it from their
+    /// registers (8 bytes a lane, a row's four lanes 32 contiguous). The
+    /// first measured 25% faster at d = 128 (docs/tuning.md), but its
+    /// buffer does not fit beside two stages of Q and dO at tile dims
+    /// above 192.
+    pub const fn dq_in_smem(&self) -> bool {
+        self.tile_dim() <= 192
+    }
+
+    /// Bytes from one row of a dQ buffer to the next: the tile dim's f32
+    /// and 32 more (16 where the consumers split the head dim, so that d =
+    /// 192's fits), so that a warp's stores of its 8 rows (32 bytes each)
     /// fall in two wavefronts rather than eight.
     pub const fn dq_pitch(&self) -> u32 {
-        4 * self.head_dim + 32
+        4 * self.tile_dim() + if self.splits_head_dim() { 16 } else { 32 }
     }
 
     pub const fn layout(&self) -> HopperBackwardSmem {
@@ -214,7 +226,7 @@ impl HopperBackwardConfig {
         let d_s = p + HOPPER_BACKWARD_CONSUMERS * HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
         let d_s_bytes = HOPPER_BACKWARD_BLOCK_M * block_n * 2;
         let d_q = d_s + 2 * d_s_bytes;
-        let d_q_bytes = if self.splits_head_dim() { 0 } else { HOPPER_BACKWARD_BLOCK_M * self.dq_pitch() };
+        let d_q_bytes = if self.dq_in_smem() { HOPPER_BACKWARD_BLOCK_M * self.dq_pitch() } else { 0 };
         let barriers = d_q + self.dq_partials() * d_q_bytes;
         let end = barriers + 8 * (3 + 2 * HOPPER_BACKWARD_STAGES);
         HopperBackwardSmem { k, v, q, d_o, stage_bytes, p, d_s, d_s_bytes, d_q, d_q_bytes, barriers, end }
@@ -363,7 +375,7 @@ const _: () = {
         let l = c.layout();
         assert!(l.v.is_multiple_of(SMEM_ALIGN) && l.q.is_multiple_of(SMEM_ALIGN) && l.d_o.is_multiple_of(SMEM_ALIGN));
         assert!(l.stage_bytes.is_multiple_of(SMEM_ALIGN) && l.p.is_multiple_of(SMEM_ALIGN));
-        assert!(l.d_q.is_multiple_of(16) && c.dq_pitch() % 128 == 32);
+        assert!(l.d_q.is_multiple_of(16) && matches!(c.dq_pitch() % 128, 16 | 32));
         // A consumer's S and dP are `wgmma` N = 32 or 64 (whole n8-tiles of a P slab).
         assert!(c.score_keys() * HOPPER_BACKWARD_CONSUMERS <= 2 * CONSUMER_ROWS && c.block_n() <= 2 * CONSUMER_ROWS);
         assert!(l.d_s.is_multiple_of(SMEM_ALIGN) && l.d_s_bytes.is_multiple_of(SMEM_ALIGN));
@@ -419,7 +431,14 @@ mod tests {
         }
         assert!(!hopper_backward_config_of(128).splits_head_dim());
         assert_eq!((hopper_backward_config_of(128).block_n(), hopper_backward_config_of(128).score_keys()), (128, 64));
+        // d = 192: a dQ buffer of rows 16 bytes longer than 192 f32.
+        let c = hopper_backward_config_of(192);
+        assert_eq!((c.dq_in_smem(), c.dq_partials(), c.dq_pitch(), c.registers()), (true, 1, 784, (40, 232)));
+        let l = c.layout();
+        assert_eq!((l.p, l.d_s, l.d_q, l.d_q_bytes, l.barriers), (147456, 163840, 180224, 64 * 784, 230400));
         // d = 256: K, V, two stages of Q and dO, two P and two dS buffers, no dQ.
+        assert!(!hopper_backward_config_of(256).dq_in_smem());
+        assert_eq!(hopper_backward_config_of(256).registers(), (24, 240));
         let l = hopper_backward_config_of(256).layout();
         assert_eq!((l.k, l.v, l.q, l.d_o, l.stage_bytes), (0, 32768, 65536, 131072, 32768));
         assert_eq!((l.p, l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (196608, 212992, 8192, 229376, 0));

@@ -16,13 +16,14 @@
 //!    neighbouring keys are one 4-byte store);
 //! 3. once every warp that reads them has stored (a named barrier: both
 //!    consumers where dQ or the gradients read both consumers' stores),
-//!    the consumer's part of `dQ = dS K` (a group), then `dV += P^T dO`
-//!    and `dK += dS^T Q` (A transposed from shared memory, a group);
-//! 4. while dV and dK are computed, store dQ to shared memory (once the
-//!    last step's has been read), where the producer warpgroup's other
-//!    warps add it to the f32 accumulator, or where the consumers split
-//!    the head dim, add it to the accumulator from registers; then release
-//!    the stage.
+//!    `dV += P^T dO` and `dK += dS^T Q` (A transposed from shared memory)
+//!    and the consumer's part of `dQ = dS K`: one group, or where the
+//!    consumers split the head dim, dQ's group first and theirs behind it;
+//! 4. store dQ to shared memory (once the last step's has been read),
+//!    where the producer warpgroup's other warps add it to the f32
+//!    accumulator, or at d = 224 and 256 add it to the accumulator from
+//!    registers (where the consumers split the head dim, while dV and dK
+//!    are still being computed); then release the stage.
 //!
 //! At the end dK (times the softmax scale) and dV of the consumer's keys
 //! and columns are stored. The `wgmma` accumulator fragment is the
@@ -272,7 +273,7 @@ pub unsafe fn compute_keys<
             arch::wgmma_fence_operand(&mut d_q);
 
             let d_q_tiles = as_tiles::<DQ_REGS, DQ_TILES>(&mut d_q);
-            if split {
+            if !config.dq_in_smem() {
                 // The step's rows are consecutive in the accumulator.
                 let accum = p.d_q_accum.offset((rows.lse_index(f, head, first_row) * D as i64) as isize);
                 add_d_q::<D, DQ_TILES>(accum, &d_q_tiles[0], first_row, rows.seqlen_q, dq_first_column, warp, lane);

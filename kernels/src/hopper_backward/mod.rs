@@ -18,9 +18,9 @@
 //!   block's where they split the head dim), P from the forward's LSE and
 //!   `dS = P (dP - delta)` in registers, both written to shared memory,
 //!   then `dV += P^T dO`, `dK += dS^T Q` and their share of `dQ = dS K`,
-//!   which they store to shared memory, or where they split the head dim,
-//!   add to the accumulator themselves (its shared-memory buffer would not
-//!   fit beside two stages of Q and dO).
+//!   which they store to shared memory, or at d = 224 and 256 add to the
+//!   accumulator themselves (its shared-memory buffer would not fit beside
+//!   two stages of Q and dO).
 //!
 //! The prepare and finish kernels around it are the portable ones
 //! ([`crate::backward::rows`]).
@@ -135,7 +135,7 @@ pub unsafe fn hopper_backward<
         arch::setmaxnreg_dec::<PRODUCER_REGS>();
         if tid == 0 {
             load_block::<D>(p, &smem, CAUSAL);
-        } else if tid >= 32 && !const { hopper_backward_config_of(D as u32).splits_head_dim() } {
+        } else if tid >= 32 && const { hopper_backward_config_of(D as u32).dq_in_smem() } {
             add_d_q::<D>(&p.backward, &smem, CAUSAL, tid - 32);
         }
     } else {
