@@ -3,9 +3,9 @@
 //!
 //! They replace the second of the backward's three launches
 //! ([`crate::backward`]) on compute capability 9.0 for the calls they take
-//! (dense, non-deterministic, unmasked or causal, no softcap or ALiBi, d =
-//! 32, 64, 96 or 128); the prepare and finish kernels are the portable ones, on the
-//! same [`BackwardParams`]. A block is one key block
+//! (dense, non-deterministic, unmasked or causal, no softcap or ALiBi,
+//! every head dim of the table: 32 to 256 in steps of 32); the prepare and
+//! finish kernels are the portable ones, on the same [`BackwardParams`]. A block is one key block
 //! ([`HopperBackwardConfig::block_n`] keys) of one key/value head and
 //! batch: a producer warpgroup that loads K and V once and each query
 //! step's Q and dO ([`HOPPER_BACKWARD_BLOCK_M`] rows) by TMA into a ring of

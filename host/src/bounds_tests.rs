@@ -1252,7 +1252,7 @@ fn backward_call(
     let deterministic = (sm_count.wrapping_add(forward.problem.seqlen_k)) % 3 == 0;
     let params = AttentionParams { deterministic, ..*params };
     // Three calls in four planned for compute capability 9.0, where the
-    // sm_90a main kernel takes those it can (dense, d = 32, 64, 96 or 128, no
+    // sm_90a main kernel takes those it can (dense, d = 32 to 256, no
     // window, softcap, ALiBi or deterministic mode: few of the specs).
     let family = if sm_count.wrapping_add(forward.problem.seqlen_q) % 4 != 0 {
         KernelFamily::Sm90a { sm_count }
