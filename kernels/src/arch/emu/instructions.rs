@@ -401,14 +401,7 @@ fn add_f32(cell: &AtomicU32, value: f32) {
 /// `ptr` must point to four writable f32 of global memory, 16-byte aligned.
 #[track_caller]
 pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
-    let (instruction, site) = ("red.global.add.v4.f32", Location::caller());
-    context::with(|t| {
-        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: 16, align: 16, write: true };
-        t.ok(t.block.global.check(&access));
-    });
-    for (i, value) in values.into_iter().enumerate() {
-        atomic_global_word(ptr.add(i).cast(), instruction, site, |cell| add_f32(cell, value));
-    }
+    red_global_add_vector(ptr, &values, "red.global.add.v4.f32", Location::caller());
 }
 
 /// `red.global.add.v2.f32` (sm_90): adds `values` to the two f32 at `ptr`,
@@ -419,12 +412,27 @@ pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
 /// `ptr` must point to two writable f32 of global memory, 8-byte aligned.
 #[track_caller]
 pub unsafe fn red_global_add_v2_f32(ptr: *mut f32, values: [f32; 2]) {
-    let (instruction, site) = ("red.global.add.v2.f32", Location::caller());
+    red_global_add_vector(ptr, &values, "red.global.add.v2.f32", Location::caller());
+}
+
+/// A vector `red.global.add` of `values.len()` f32 at `ptr`: the access
+/// checked as one, aligned to its size, then each element added
+/// atomically.
+///
+/// # Safety
+/// As the vector instructions'.
+unsafe fn red_global_add_vector(
+    ptr: *mut f32,
+    values: &[f32],
+    instruction: &'static str,
+    site: &'static Location<'static>,
+) {
+    let len = 4 * values.len();
     context::with(|t| {
-        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: 8, align: 8, write: true };
+        let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len, align: len, write: true };
         t.ok(t.block.global.check(&access));
     });
-    for (i, value) in values.into_iter().enumerate() {
+    for (i, &value) in values.iter().enumerate() {
         atomic_global_word(ptr.add(i).cast(), instruction, site, |cell| add_f32(cell, value));
     }
 }
