@@ -376,8 +376,9 @@ const _: () = {
         assert!(l.v.is_multiple_of(SMEM_ALIGN) && l.q.is_multiple_of(SMEM_ALIGN) && l.d_o.is_multiple_of(SMEM_ALIGN));
         assert!(l.stage_bytes.is_multiple_of(SMEM_ALIGN) && l.p.is_multiple_of(SMEM_ALIGN));
         assert!(l.d_q.is_multiple_of(16) && matches!(c.dq_pitch() % 128, 16 | 32));
-        // A consumer's S and dP are `wgmma` N = 32 or 64 (whole n8-tiles of a P slab).
-        assert!(c.score_keys() * HOPPER_BACKWARD_CONSUMERS <= 2 * CONSUMER_ROWS && c.block_n() <= 2 * CONSUMER_ROWS);
+        // A consumer's S and dP are `wgmma` N = 32 or 64 (within a 64-key P
+        // slab), and the consumers' score keys are the block's.
+        assert!(matches!(c.score_keys(), 32 | 64) && c.block_n() == c.score_keys() * HOPPER_BACKWARD_CONSUMERS);
         assert!(l.d_s.is_multiple_of(SMEM_ALIGN) && l.d_s_bytes.is_multiple_of(SMEM_ALIGN));
         i += 1;
     }

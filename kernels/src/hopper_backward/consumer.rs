@@ -221,7 +221,9 @@ pub unsafe fn compute_keys<
                     }
                     dp_t[i] = s_t[i] * (dp_t[i] - delta[i / 2]);
                 }
-                // Row `lane / 4 + 8 half` of the warp, keys `8 t + 2 (lane % 4)`.
+                // Row `lane / 4 + 8 half` of the warp, keys `8 t + 2 (lane %
+                // 4)`: P's and dS's stores at one offset (through
+                // `store_scores` twice, at d = 128 causal, it spilled).
                 for half in 0..2 {
                     let row = 16 * warp + lane / 4 + 8 * half as u32;
                     let offset = swizzled(row, score_column + 8 * t as u32 + 2 * (lane % 4));
@@ -276,7 +278,15 @@ pub unsafe fn compute_keys<
             if !config.dq_in_smem() {
                 // The step's rows are consecutive in the accumulator.
                 let accum = p.d_q_accum.offset((rows.lse_index(f, head, first_row) * D as i64) as isize);
-                add_d_q::<D, DQ_TILES>(accum, &d_q_tiles[0], first_row, rows.seqlen_q, dq_first_column, warp, lane);
+                add_d_q_from_registers::<D, DQ_TILES>(
+                    accum,
+                    &d_q_tiles[0],
+                    first_row,
+                    rows.seqlen_q,
+                    dq_first_column,
+                    warp,
+                    lane,
+                );
             } else {
                 // The step's dQ to shared memory, once the last step's has
                 // been read; the producer warpgroup adds it to the accumulator.
@@ -322,7 +332,7 @@ pub unsafe fn compute_keys<
 /// # Safety
 /// `accum` holds the step's rows below `seqlen_q`.
 #[inline(always)]
-unsafe fn add_d_q<const D: usize, const DQ_TILES: usize>(
+unsafe fn add_d_q_from_registers<const D: usize, const DQ_TILES: usize>(
     accum: *mut f32,
     d_q: &[[f32; 4]; DQ_TILES],
     first_row: u32,
@@ -331,7 +341,6 @@ unsafe fn add_d_q<const D: usize, const DQ_TILES: usize>(
     warp: u32,
     lane: u32,
 ) {
-    let tile_dim = const { hopper_backward_config_of(D as u32).tile_dim() };
     for half in 0..2 {
         let row = 16 * warp + lane / 4 + 8 * half as u32;
         if first_row + row >= seqlen_q {
@@ -339,11 +348,20 @@ unsafe fn add_d_q<const D: usize, const DQ_TILES: usize>(
         }
         let lane_at = accum.add((row * D as u32 + first_column + 2 * (lane % 4)) as usize);
         for (t, tile) in d_q.iter().enumerate() {
-            if tile_dim == D as u32 || first_column + 8 * (t as u32) < D as u32 {
+            if in_head_dim::<D>(first_column, t) {
                 arch::red_global_add_v2_f32(lane_at.add(8 * t), [tile[2 * half], tile[2 * half + 1]]);
             }
         }
     }
+}
+
+/// Whether n8-tile `t` of a product's columns from `first_column` on holds
+/// columns of the head dim `D`, not of the tile's padding past it (d =
+/// 160 and 224): always where the tile dim is the head dim.
+#[inline(always)]
+fn in_head_dim<const D: usize>(first_column: u32, t: usize) -> bool {
+    let tile_dim = const { hopper_backward_config_of(D as u32).tile_dim() };
+    tile_dim == D as u32 || first_column + 8 * (t as u32) < D as u32
 }
 
 /// Stores one n8-tile of a warp's P or dS, rounded, to the slab at `slab`
@@ -387,7 +405,6 @@ unsafe fn write_keys<E: Element, const D: usize, const DV_REGS: usize, const DV_
     first_key: u32,
     first_column: u32,
 ) {
-    let tile_dim = const { hopper_backward_config_of(D as u32).tile_dim() };
     let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
     let (warp, lane) = (thread / 32, thread % 32);
     let (batch, head) = (b.batch as i64, b.kv_head as i64);
@@ -404,7 +421,7 @@ unsafe fn write_keys<E: Element, const D: usize, const DV_REGS: usize, const DV_
         let d_k_row = d_k_base.offset((key as i64 * p.d_k_row_stride) as isize);
         let d_v_row = d_v_base.offset((key as i64 * p.d_v_row_stride) as isize);
         for (t, (k_t, v_t)) in d_k_tiles[0].iter().zip(d_v_tiles[0].iter()).enumerate() {
-            if tile_dim != D as u32 && first_column + 8 * (t as u32) >= D as u32 {
+            if !in_head_dim::<D>(first_column, t) {
                 continue;
             }
             let column = (first_column + 8 * t as u32 + 2 * (lane % 4)) as usize;
