@@ -25,8 +25,13 @@ use crate::sm90::TensorMap;
 pub const HOPPER_BACKWARD_BLOCK_M: u32 = 64;
 /// Consumer warpgroups of a block.
 pub const HOPPER_BACKWARD_CONSUMERS: u32 = 2;
-/// Stages of the Q/dO ring.
+/// Stages of the Q ring, and of dO's but where
+/// [`HopperBackwardConfig::d_o_stages`] says one.
 pub const HOPPER_BACKWARD_STAGES: u32 = 2;
+
+/// The mbarriers of a block: K/V full, per stage Q full, Q empty, dO full
+/// and dO empty, per dQ turn full and empty.
+pub const HOPPER_BACKWARD_BARRIERS: u32 = 1 + 4 * HOPPER_BACKWARD_STAGES + 2 * HOPPER_BACKWARD_CONSUMERS;
 
 /// The tile shape of one sm_90a main backward kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +52,9 @@ pub struct HopperBackwardSmem {
     pub k: u32,
     pub v: u32,
     /// Stage `s` of Q and of dO at `q + s * stage_bytes` and `d_o + s *
-    /// stage_bytes`: [`HOPPER_BACKWARD_BLOCK_M`] rows each.
+    /// stage_bytes`: [`HOPPER_BACKWARD_BLOCK_M`] rows each
+    /// ([`HOPPER_BACKWARD_STAGES`] of Q, [`HopperBackwardConfig::d_o_stages`]
+    /// of dO).
     pub q: u32,
     pub d_o: u32,
     pub stage_bytes: u32,
@@ -61,15 +68,23 @@ pub struct HopperBackwardSmem {
     pub d_s: u32,
     pub d_s_bytes: u32,
     /// A step's dQ, f32, [`HopperBackwardConfig::dq_partials`] of them
-    /// `d_q_bytes` apart: 64 rows of the head dim's columns,
+    /// `d_q_bytes` apart: 64 rows of
+    /// [`HopperBackwardConfig::dq_buffer_columns`] columns,
     /// [`HopperBackwardConfig::dq_pitch`] bytes apart. The consumers store
-    /// their parts; the producer warpgroup's other warps add them to the
-    /// accumulator in global memory. None (0 bytes) where the consumers
-    /// add theirs from registers ([`HopperBackwardConfig::dq_in_smem`]).
+    /// their parts (in turns where [`HopperBackwardConfig::dq_turns`] is
+    /// 2); the producer warpgroup's other warps add them to the
+    /// accumulator in global memory.
     pub d_q: u32,
     pub d_q_bytes: u32,
-    /// The mbarriers, 8 bytes each: K/V full, per stage Q/dO full and Q/dO
-    /// empty, then dQ full and dQ empty.
+    /// Where in the accumulator each step's dQ goes, two slots of 16 bytes
+    /// (steps alternate): the index of the step's first row (i64) and its
+    /// rows below seqlen_q (u32), which consumer 0 stores at the step's
+    /// start for the warps that add dQ, so that those hold no loop state
+    /// of their own (24 registers at tile dim 256).
+    pub d_q_rows: u32,
+    /// The mbarriers, 8 bytes each: K/V full; per stage Q full, Q empty, dO
+    /// full and dO empty; per turn dQ full and dQ empty (room for every
+    /// stage and turn; those a config does not use are not initialised).
     pub barriers: u32,
     pub end: u32,
 }
@@ -84,14 +99,13 @@ impl HopperBackwardConfig {
     /// `(40 + 2 * 232) * 128` or `(24 + 2 * 240) * 128`, within the pool of
     /// 168 a thread the block launches with (64512). A consumer holds dK and
     /// dV (`gradient_columns` registers together), S and dP of a step
-    /// (`score_keys / 2` each), then the step's dQ (`dq_columns / 2`). The
-    /// producer warpgroup's threads issue the TMA loads or add dQ to the
-    /// accumulator, which at 24 or 32 registers spilled; where the
-    /// consumers add dQ themselves ([`Self::dq_in_smem`]) the producer
-    /// only loads (24 do), and at 232 the consumers of d = 224 and 256
-    /// spilled (dK, dV and dQ alone are 192).
+    /// (`score_keys / 2` each), then the step's dQ (`dq_columns / 2`); at
+    /// 232 the consumers of tile dim 256 spilled (dK, dV and dQ alone are
+    /// 192), so there the producer's warps add dQ with 24, one buffer of
+    /// one part at a time (d = 32 to 96 sum two partials, which spilled at
+    /// 24 or 32).
     pub const fn registers(&self) -> (u32, u32) {
-        if !self.dq_in_smem() {
+        if self.tile_dim() > 192 {
             (24, 240)
         } else {
             (40, 232)
@@ -194,23 +208,63 @@ impl HopperBackwardConfig {
         }
     }
 
-    /// Whether a step's dQ goes through shared memory, where the producer
-    /// warpgroup's other warps add it to the accumulator (16 bytes a lane,
-    /// a warp's 512 contiguous), or the consumers add it from their
-    /// registers (8 bytes a lane, a row's four lanes 32 contiguous). The
-    /// first measured 25% faster at d = 128 (docs/tuning.md), but its
-    /// buffer does not fit beside two stages of Q and dO at tile dims
-    /// above 192.
-    pub const fn dq_in_smem(&self) -> bool {
-        self.tile_dim() <= 192
+    /// Consumers whose dQ parts pass through one buffer in turn: 1 (the
+    /// buffer holds a step's whole dQ, or each consumer's partial), or at
+    /// tile dim 256, 2: a buffer of the whole 64 x 256 f32 does not fit
+    /// beside K, V and Q's two stages, so it holds one consumer's half of
+    /// the columns at a time ([`Self::dq_buffer_columns`]) in place of
+    /// dO's second stage ([`Self::d_o_stages`]). A step's dQ goes through
+    /// shared memory at every head dim: from there the producer
+    /// warpgroup's other warps add it to the accumulator 16 bytes a lane
+    /// (a warp's 512 contiguous), where the consumers' own adds from
+    /// registers are 8 bytes a lane (a row's four lanes 32 contiguous) and
+    /// stall them; the first measured 25% faster at d = 128 and 15-20% at d
+    /// = 192 (docs/tuning.md).
+    pub const fn dq_turns(&self) -> u32 {
+        if self.tile_dim() > 192 {
+            HOPPER_BACKWARD_CONSUMERS
+        } else {
+            1
+        }
     }
 
-    /// Bytes from one row of a dQ buffer to the next: the tile dim's f32
-    /// and 32 more (16 where the consumers split the head dim, so that d =
+    /// Columns of a dQ buffer: the tile dim, or one consumer's half of it
+    /// where they take turns.
+    pub const fn dq_buffer_columns(&self) -> u32 {
+        self.tile_dim() / self.dq_turns()
+    }
+
+    /// Columns of the head dim that turn `turn` holds in the dQ buffer
+    /// (not the tile's padding past it), or 0 past the last turn.
+    pub const fn dq_turn_columns(&self, turn: u32) -> u32 {
+        let first = turn * self.dq_buffer_columns();
+        if turn >= self.dq_turns() || first >= self.head_dim {
+            0
+        } else if self.head_dim - first < self.dq_buffer_columns() {
+            self.head_dim - first
+        } else {
+            self.dq_buffer_columns()
+        }
+    }
+
+    /// Stages of dO: Q's [`HOPPER_BACKWARD_STAGES`], or one where the
+    /// consumers' dQ take turns (its second stage's room holds the dQ
+    /// buffer; the consumers free dO's stage once dV is computed, ahead of
+    /// dK, so that the next step's dO loads while dQ and dK are computed).
+    pub const fn d_o_stages(&self) -> u32 {
+        if self.dq_turns() > 1 {
+            1
+        } else {
+            HOPPER_BACKWARD_STAGES
+        }
+    }
+
+    /// Bytes from one row of a dQ buffer to the next: its columns' f32 and
+    /// 32 more (16 where the consumers split the head dim, so that d =
     /// 192's fits), so that a warp's stores of its 8 rows (32 bytes each)
     /// fall in two wavefronts rather than eight.
     pub const fn dq_pitch(&self) -> u32 {
-        4 * self.tile_dim() + if self.splits_head_dim() { 16 } else { 32 }
+        4 * self.dq_buffer_columns() + if self.splits_head_dim() { 16 } else { 32 }
     }
 
     pub const fn layout(&self) -> HopperBackwardSmem {
@@ -222,14 +276,15 @@ impl HopperBackwardConfig {
         let q = v + block_n * row;
         let stage_bytes = HOPPER_BACKWARD_BLOCK_M * row;
         let d_o = q + HOPPER_BACKWARD_STAGES * stage_bytes;
-        let p = d_o + HOPPER_BACKWARD_STAGES * stage_bytes;
+        let p = d_o + self.d_o_stages() * stage_bytes;
         let d_s = p + HOPPER_BACKWARD_CONSUMERS * HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
         let d_s_bytes = HOPPER_BACKWARD_BLOCK_M * block_n * 2;
         let d_q = d_s + 2 * d_s_bytes;
-        let d_q_bytes = if self.dq_in_smem() { HOPPER_BACKWARD_BLOCK_M * self.dq_pitch() } else { 0 };
-        let barriers = d_q + self.dq_partials() * d_q_bytes;
-        let end = barriers + 8 * (3 + 2 * HOPPER_BACKWARD_STAGES);
-        HopperBackwardSmem { k, v, q, d_o, stage_bytes, p, d_s, d_s_bytes, d_q, d_q_bytes, barriers, end }
+        let d_q_bytes = HOPPER_BACKWARD_BLOCK_M * self.dq_pitch();
+        let d_q_rows = d_q + self.dq_partials() * d_q_bytes;
+        let barriers = d_q_rows + 2 * 16;
+        let end = barriers + 8 * HOPPER_BACKWARD_BARRIERS;
+        HopperBackwardSmem { k, v, q, d_o, stage_bytes, p, d_s, d_s_bytes, d_q, d_q_bytes, d_q_rows, barriers, end }
     }
 
     /// Dynamic shared memory: the layout plus what aligning its base may take.
@@ -404,11 +459,11 @@ mod tests {
         let l = hopper_backward_config_of(128).layout();
         assert_eq!((l.k, l.v, l.q, l.d_o, l.stage_bytes), (0, 32768, 65536, 98304, 16384));
         assert_eq!((l.p, l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (131072, 147456, 16384, 180224, 64 * 544));
-        assert_eq!(l.barriers, 180224 + 34816);
-        assert_eq!(hopper_backward_config_of(128).smem_bytes(), 215040 + 56 + 1024);
+        assert_eq!((l.d_q_rows, l.barriers), (180224 + 34816, 180224 + 34816 + 32));
+        assert_eq!(hopper_backward_config_of(128).smem_bytes(), 215040 + 32 + 104 + 1024);
         // d = 64: a dQ buffer per consumer.
         let l = hopper_backward_config_of(64).layout();
-        assert_eq!((l.d_q_bytes, l.barriers - l.d_q), (64 * 288, 2 * 64 * 288));
+        assert_eq!((l.d_q_bytes, l.d_q_rows - l.d_q), (64 * 288, 2 * 64 * 288));
         // d = 96: 32-column slabs (three of 64-byte rows), a dQ buffer per consumer.
         let c = hopper_backward_config_of(96);
         assert_eq!((c.slab_columns(), c.dq_columns(), c.dq_partials()), (32, 96, 2));
@@ -434,15 +489,21 @@ mod tests {
         assert_eq!((hopper_backward_config_of(128).block_n(), hopper_backward_config_of(128).score_keys()), (128, 64));
         // d = 192: a dQ buffer of rows 16 bytes longer than 192 f32.
         let c = hopper_backward_config_of(192);
-        assert_eq!((c.dq_in_smem(), c.dq_partials(), c.dq_pitch(), c.registers()), (true, 1, 784, (40, 232)));
+        assert_eq!((c.dq_turns(), c.d_o_stages(), c.dq_partials(), c.dq_pitch()), (1, 2, 1, 784));
+        assert_eq!((c.registers(), c.dq_turn_columns(0), c.dq_turn_columns(1)), ((40, 232), 192, 0));
         let l = c.layout();
-        assert_eq!((l.p, l.d_s, l.d_q, l.d_q_bytes, l.barriers), (147456, 163840, 180224, 64 * 784, 230400));
-        // d = 256: K, V, two stages of Q and dO, two P and two dS buffers, no dQ.
-        assert!(!hopper_backward_config_of(256).dq_in_smem());
-        assert_eq!(hopper_backward_config_of(256).registers(), (24, 240));
-        let l = hopper_backward_config_of(256).layout();
-        assert_eq!((l.k, l.v, l.q, l.d_o, l.stage_bytes), (0, 32768, 65536, 131072, 32768));
-        assert_eq!((l.p, l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (196608, 212992, 8192, 229376, 0));
-        assert_eq!(hopper_backward_config_of(256).smem_bytes(), 229376 + 56 + 1024);
+        assert_eq!((l.p, l.d_s, l.d_q, l.d_q_bytes, l.d_q_rows), (147456, 163840, 180224, 64 * 784, 230400));
+        // Tile dim 256: K, V, two stages of Q, one of dO, two P and two dS
+        // buffers, one dQ buffer of 128 columns that the consumers take in turn.
+        for d in [224, 256] {
+            let c = hopper_backward_config_of(d);
+            assert_eq!((c.dq_turns(), c.dq_buffer_columns(), c.d_o_stages(), c.dq_pitch()), (2, 128, 1, 528));
+            assert_eq!(c.registers(), (24, 240));
+            assert_eq!((c.dq_turn_columns(0), c.dq_turn_columns(1), c.dq_turn_columns(2)), (128, d - 128, 0));
+            let l = c.layout();
+            assert_eq!((l.k, l.v, l.q, l.d_o, l.stage_bytes), (0, 32768, 65536, 131072, 32768));
+            assert_eq!((l.p, l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (163840, 180224, 8192, 196608, 64 * 528));
+            assert_eq!(c.smem_bytes(), 196608 + 64 * 528 + 32 + 104 + 1024);
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! above it (the consumers split the head dim), half the columns of the
 //! block's 64 keys' gradients.
 //!
-//! Per step (64 query rows, Q and dO in stage `stage`):
+//! Per step (64 query rows, Q and dO in their rings' stages):
 //!
 //! 1. `S = Q K^T` and `dP = dO V^T` for the consumer's score keys (64, or
 //!    32 where the consumers split the head dim) (`wgmma` SS, a group
@@ -18,12 +18,12 @@
 //!    consumers where dQ or the gradients read both consumers' stores),
 //!    `dV += P^T dO` and `dK += dS^T Q` (A transposed from shared memory)
 //!    and the consumer's part of `dQ = dS K`: one group, or where the
-//!    consumers split the head dim, dQ's group first and theirs behind it;
-//! 4. store dQ to shared memory (once the last step's has been read),
-//!    where the producer warpgroup's other warps add it to the f32
-//!    accumulator, or at d = 224 and 256 add it to the accumulator from
-//!    registers (where the consumers split the head dim, while dV and dK
-//!    are still being computed); then release the stage.
+//!    consumers split the head dim, three: dQ's, dV's and dK's;
+//! 4. store dQ to shared memory (once the buffer's last turn has been
+//!    read; where the consumers split the head dim, while dV and dK are
+//!    still being computed), where the producer warpgroup's other warps
+//!    add it to the f32 accumulator; then release dO's stage (where the
+//!    consumers split the head dim, once dV is computed) and Q's.
 //!
 //! At the end dK (times the softmax scale) and dV of the consumer's keys
 //! and columns are stored. The `wgmma` accumulator fragment is the
@@ -32,7 +32,9 @@
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SLAB_ROW_BYTES, WARPGROUP_THREADS};
-use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HopperBackwardConfig, HOPPER_BACKWARD_BLOCK_M};
+use flash_attn_abi::hopper_backward::{
+    hopper_backward_config_of, HopperBackwardConfig, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_STAGES,
+};
 
 use super::smem::Smem;
 use super::{stage_of, KeyBlock};
@@ -129,7 +131,8 @@ pub unsafe fn compute_keys<
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
         for step in b.first_step..b.end_step {
-            let (stage, parity) = stage_of(n);
+            let (stage, parity) = stage_of(n, HOPPER_BACKWARD_STAGES);
+            let (d_o_stage, d_o_parity) = stage_of(n, Smem::<D>::D_O_STAGES);
             let buffer = n % 2;
             // Where the consumer's P and dS go: P its own slab, or where
             // both consumers' gradients read it, the step's buffer; dS the
@@ -155,6 +158,19 @@ pub unsafe fn compute_keys<
                 }
             }
 
+            // Where the step's dQ goes, for the warps that add it. They
+            // read it once this step's first turn is in (consumer 0 arrives
+            // at it after this store); they last read the slot two steps
+            // back, before freeing the buffer for the last step's first
+            // turn, which consumer 0 waited for.
+            if consumer == 0 && thread == 0 {
+                let first = rows.lse_index(f, head, first_row) as u64;
+                let at = smem.d_q_rows(n % 2);
+                arch::st_shared_v2(at, [first as u32, (first >> 32) as u32]);
+                // The slot's last word is padding, stored so that the
+                // adders' one 16-byte load reads no unwritten memory.
+                arch::st_shared_v2(at + 8, [(rows.seqlen_q - first_row).min(HOPPER_BACKWARD_BLOCK_M), 0]);
+            }
             arch::mbarrier_wait_parity(smem.q_full(stage), parity);
             let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
             let mut d_p = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
@@ -169,8 +185,9 @@ pub unsafe fn compute_keys<
             if split {
                 arch::wgmma_commit_group();
             }
+            arch::mbarrier_wait_parity(smem.d_o_full(d_o_stage), d_o_parity);
             for k in 0..(D / 16) as u32 {
-                let (a, b_desc) = smem.d_p_operands(stage, score_key, k);
+                let (a, b_desc) = smem.d_p_operands(d_o_stage, score_key, k);
                 E::wgmma_ss::<S_REGS, 0, 0>(&mut d_p, a, b_desc, k > 0);
             }
             arch::wgmma_commit_group();
@@ -240,7 +257,7 @@ pub unsafe fn compute_keys<
 
             // Where the consumers split the head dim, dQ first, in a group
             // of its own: it goes out while dV and dK are still being
-            // computed.
+            // computed; then dV's, which frees dO's stage ahead of dK.
             let mut d_q = WgmmaAccumulator::<DQ_REGS>::new([0.0; DQ_REGS]);
             arch::wgmma_fence_operand(&mut d_v);
             arch::wgmma_fence_operand(&mut d_k);
@@ -257,8 +274,11 @@ pub unsafe fn compute_keys<
                 arch::wgmma_commit_group();
             }
             for k in 0..HOPPER_BACKWARD_BLOCK_M / 16 {
-                let (a, b_desc) = smem.d_v_operands(stage, p_slab, gradient_column, k);
+                let (a, b_desc) = smem.d_v_operands(d_o_stage, p_slab, gradient_column, k);
                 E::wgmma_ss::<DV_REGS, 1, 1>(&mut d_v, a, b_desc, true);
+            }
+            if split {
+                arch::wgmma_commit_group();
             }
             for k in 0..HOPPER_BACKWARD_BLOCK_M / 16 {
                 let (a, b_desc) = smem.d_k_operands(buffer, stage, d_s_slab, gradient_column, k);
@@ -266,7 +286,7 @@ pub unsafe fn compute_keys<
             }
             if split {
                 arch::wgmma_commit_group();
-                arch::wgmma_wait_group::<1>();
+                arch::wgmma_wait_group::<2>();
             } else {
                 issue_d_q(&mut d_q);
                 arch::wgmma_commit_group();
@@ -274,33 +294,30 @@ pub unsafe fn compute_keys<
             }
             arch::wgmma_fence_operand(&mut d_q);
 
+            // The step's dQ to shared memory once the buffer is free for
+            // the consumer's turn: turn 0 once the last turn of the last
+            // step has been read, turn 1 once this step's turn 0 has. The
+            // producer warpgroup adds it to the accumulator.
+            let turn = consumer % Smem::<D>::DQ_TURNS;
+            let empty_parity = if turn == 0 { (n & 1) ^ 1 } else { n & 1 };
+            arch::mbarrier_wait_parity(smem.d_q_empty(turn), empty_parity);
+            // The lane's first element; the others are constants further.
+            let buffer_column = dq_first_column % Smem::<D>::DQ_BUFFER_COLUMNS;
+            let lane_at =
+                smem.d_q(consumer % Smem::<D>::DQ_PARTIALS, 16 * warp + lane / 4, 4 * buffer_column) + 8 * (lane % 4);
             let d_q_tiles = as_tiles::<DQ_REGS, DQ_TILES>(&mut d_q);
-            if !config.dq_in_smem() {
-                // The step's rows are consecutive in the accumulator.
-                let accum = p.d_q_accum.offset((rows.lse_index(f, head, first_row) * D as i64) as isize);
-                add_d_q_from_registers::<D, DQ_TILES>(
-                    accum,
-                    &d_q_tiles[0],
-                    first_row,
-                    rows.seqlen_q,
-                    dq_first_column,
-                    warp,
-                    lane,
-                );
-            } else {
-                // The step's dQ to shared memory, once the last step's has
-                // been read; the producer warpgroup adds it to the accumulator.
-                arch::mbarrier_wait_parity(smem.d_q_empty(), (n & 1) ^ 1);
-                // The lane's first element; the others are constants further.
-                let lane_at = smem.d_q(consumer % Smem::<D>::DQ_PARTIALS, 16 * warp + lane / 4, 4 * dq_first_column)
-                    + 8 * (lane % 4);
-                for (t, tile) in d_q_tiles[0].iter().enumerate() {
-                    for half in 0..2 {
-                        let at = lane_at + 32 * t as u32 + 8 * half as u32 * Smem::<D>::DQ_PITCH;
-                        arch::st_shared_v2(at, [tile[2 * half].to_bits(), tile[2 * half + 1].to_bits()]);
-                    }
+            for (t, tile) in d_q_tiles[0].iter().enumerate() {
+                for half in 0..2 {
+                    let at = lane_at + 32 * t as u32 + 8 * half as u32 * Smem::<D>::DQ_PITCH;
+                    arch::st_shared_v2(at, [tile[2 * half].to_bits(), tile[2 * half + 1].to_bits()]);
                 }
-                arch::mbarrier_arrive(smem.d_q_full());
+            }
+            arch::mbarrier_arrive(smem.d_q_full(turn));
+            if split {
+                arch::wgmma_wait_group::<1>();
+            }
+            if lane == 0 {
+                arch::mbarrier_arrive(smem.d_o_empty(d_o_stage));
             }
             arch::wgmma_wait_group::<0>();
             arch::wgmma_fence_operand(&mut d_v);
@@ -320,39 +337,6 @@ pub unsafe fn compute_keys<
         b.first_key + gradient_key,
         gradient_column,
     );
-}
-
-/// Adds a warp's part of a step's dQ (its 16 rows, `DQ_TILES` n8-tiles
-/// from column `first_column` on) to the f32 accumulator `accum` of the
-/// step's rows from `first_row` on (rows `D` apart): rows below `seqlen_q`
-/// and columns below the head dim only, each lane two neighbouring columns
-/// at a time (`red.global.add.v2.f32`; a row's four lanes cover 32
-/// contiguous bytes).
-///
-/// # Safety
-/// `accum` holds the step's rows below `seqlen_q`.
-#[inline(always)]
-unsafe fn add_d_q_from_registers<const D: usize, const DQ_TILES: usize>(
-    accum: *mut f32,
-    d_q: &[[f32; 4]; DQ_TILES],
-    first_row: u32,
-    seqlen_q: u32,
-    first_column: u32,
-    warp: u32,
-    lane: u32,
-) {
-    for half in 0..2 {
-        let row = 16 * warp + lane / 4 + 8 * half as u32;
-        if first_row + row >= seqlen_q {
-            continue;
-        }
-        let lane_at = accum.add((row * D as u32 + first_column + 2 * (lane % 4)) as usize);
-        for (t, tile) in d_q.iter().enumerate() {
-            if in_head_dim::<D>(first_column, t) {
-                arch::red_global_add_v2_f32(lane_at.add(8 * t), [tile[2 * half], tile[2 * half + 1]]);
-            }
-        }
-    }
 }
 
 /// Whether n8-tile `t` of a product's columns from `first_column` on holds

@@ -8,19 +8,19 @@
 //!
 //! - warpgroup 0, the producer, gives its registers to the consumers. One
 //!   thread issues every TMA load ([`load_block`]): K and V once, then
-//!   each step's Q and dO into a ring of two stages, each guarded by a full
-//!   and an empty mbarrier. Its warps 1 to 3 add each step's dQ, which the
-//!   consumers leave in shared memory, to the f32 accumulator in global
-//!   memory ([`add_d_q`]), so that the consumers never wait on atomics;
+//!   each step's Q and dO into rings of two stages (dO's of one at tile
+//!   dim 256), each stage guarded by a full and an empty mbarrier. Its
+//!   warps 1 to 3 add each step's dQ, which the consumers leave in shared
+//!   memory, to the f32 accumulator in global memory ([`add_d_q`]), so
+//!   that the consumers never wait on atomics;
 //! - warpgroups 1 and 2, the consumers ([`consumer`]), own 64 keys each
 //!   (up to d = 128) or half the head dim of the block's 64 keys (above).
 //!   Per step: `S = Q K^T` and `dP = dO V^T` for their keys (half the
 //!   block's where they split the head dim), P from the forward's LSE and
 //!   `dS = P (dP - delta)` in registers, both written to shared memory,
 //!   then `dV += P^T dO`, `dK += dS^T Q` and their share of `dQ = dS K`,
-//!   which they store to shared memory, or at d = 224 and 256 add to the
-//!   accumulator themselves (its shared-memory buffer would not fit beside
-//!   two stages of Q and dO).
+//!   which they store to shared memory (at tile dim 256 one consumer's
+//!   half at a time: the buffer of both would not fit).
 //!
 //! The prepare and finish kernels around it are the portable ones
 //! ([`crate::backward::rows`]).
@@ -32,10 +32,10 @@ use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
 use flash_attn_abi::hopper_backward::{
     hopper_backward_config_of, HopperBackwardConfig, HopperBackwardParams, HOPPER_BACKWARD_BLOCK_M,
+    HOPPER_BACKWARD_STAGES,
 };
 
 use crate::arch;
-use crate::backward::BatchRows;
 use crate::element::Element;
 use crate::problem::Visibility;
 use smem::Smem;
@@ -84,12 +84,12 @@ impl KeyBlock {
     }
 }
 
-/// The ring stage of the block's `n`-th step, and the parity of the phase
-/// its full barrier completes for it (its empty barrier's phase of the
-/// round before is the other parity).
+/// The stage of the block's `n`-th step in a ring of `stages`, and the
+/// parity of the phase its full barrier completes for it (its empty
+/// barrier's phase of the round before is the other parity).
 #[inline(always)]
-pub fn stage_of(n: u32) -> (u32, u32) {
-    (n % 2, (n / 2) & 1)
+pub fn stage_of(n: u32, stages: u32) -> (u32, u32) {
+    (n % stages, (n / stages) & 1)
 }
 
 /// The kernel body of one instance: element `E`, head dim `D`, causal or
@@ -135,7 +135,7 @@ pub unsafe fn hopper_backward<
         arch::setmaxnreg_dec::<PRODUCER_REGS>();
         if tid == 0 {
             load_block::<D>(p, &smem, CAUSAL);
-        } else if tid >= 32 && const { hopper_backward_config_of(D as u32).dq_in_smem() } {
+        } else if tid >= 32 {
             add_d_q::<D>(&p.backward, &smem, CAUSAL, tid - 32);
         }
     } else {
@@ -172,14 +172,20 @@ unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, c
     for g in 0..heads_per_kv {
         let head = (b.kv_head * heads_per_kv + g) as i32;
         for step in b.first_step..b.end_step {
-            let (stage, parity) = stage_of(n);
-            arch::mbarrier_wait_parity(smem.q_empty(stage), parity ^ 1);
-            arch::mbarrier_arrive_expect_tx(smem.q_full(stage), 2 * Smem::<D>::STAGE_BYTES);
             let row = (step * HOPPER_BACKWARD_BLOCK_M) as i32;
+            let (stage, parity) = stage_of(n, HOPPER_BACKWARD_STAGES);
+            arch::mbarrier_wait_parity(smem.q_empty(stage), parity ^ 1);
+            arch::mbarrier_arrive_expect_tx(smem.q_full(stage), Smem::<D>::STAGE_BYTES);
             for slab in 0..slabs {
                 let at = [(slab * Smem::<D>::SLAB_COLUMNS) as i32, row, head, batch];
                 arch::tma_load_4d(smem.q(stage, slab), q_map, at, smem.q_full(stage));
-                arch::tma_load_4d(smem.d_o(stage, slab), d_o_map, at, smem.q_full(stage));
+            }
+            let (stage, parity) = stage_of(n, Smem::<D>::D_O_STAGES);
+            arch::mbarrier_wait_parity(smem.d_o_empty(stage), parity ^ 1);
+            arch::mbarrier_arrive_expect_tx(smem.d_o_full(stage), Smem::<D>::STAGE_BYTES);
+            for slab in 0..slabs {
+                let at = [(slab * Smem::<D>::SLAB_COLUMNS) as i32, row, head, batch];
+                arch::tma_load_4d(smem.d_o(stage, slab), d_o_map, at, smem.d_o_full(stage));
             }
             n += 1;
         }
@@ -187,46 +193,67 @@ unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, c
 }
 
 /// Thread `thread` of the producer warpgroup's warps 1 to 3: adds each
-/// step's dQ, once every consumer thread has stored its part (the two
-/// consumers' partial sums where each took every column), to the f32
-/// accumulator, one 16-byte run of a row at a time
-/// (`red.global.add.v4.f32`; a warp's 32 runs are 512 contiguous bytes),
-/// rows below seqlen_q only, then frees the buffer.
+/// step's dQ, once every consumer thread of the turn has stored its part
+/// (the two consumers' partial sums where each took every column; where
+/// they take turns, each consumer's half of the columns in turn), to the
+/// f32 accumulator where consumer 0 said the step's rows are, one 16-byte
+/// run of a row at a time (`red.global.add.v4.f32`; a warp's 32 runs are
+/// 512 contiguous bytes), rows below seqlen_q and columns below the head
+/// dim only, then frees the buffer for the next turn.
 ///
 /// # Safety
 /// After the barriers were initialised; the accumulator holds every row of
 /// the call.
 #[inline(always)]
 unsafe fn add_d_q<const D: usize>(p: &BackwardParams, smem: &Smem<D>, causal: bool, thread: u32) {
-    let f = &p.forward;
-    let b = KeyBlock::of::<D>(p, causal);
-    let rows = BatchRows::of(f, b.batch);
-    let runs_per_row = D as u32 / 4;
-    let heads_per_kv = f.heads_per_kv;
-    let mut n = 0;
-    for g in 0..heads_per_kv {
-        let head = b.kv_head * heads_per_kv + g;
-        for step in b.first_step..b.end_step {
-            let first_row = step * HOPPER_BACKWARD_BLOCK_M;
-            // The step's rows are consecutive in the accumulator.
-            let accum = p.d_q_accum.offset((rows.lse_index(f, head, first_row) * D as i64) as isize);
-            let rows_here = (rows.seqlen_q - first_row).min(HOPPER_BACKWARD_BLOCK_M);
-            arch::mbarrier_wait_parity(smem.d_q_full(), n & 1);
-            let mut run = thread;
-            while run < rows_here * runs_per_row {
-                let (row, column) = (run / runs_per_row, 4 * (run % runs_per_row));
-                // Written out: a loop over the four left LLVM a local array.
-                let [a, b, c, d] = arch::ld_shared_v4(smem.d_q(0, row, 4 * column)).map(f32::from_bits);
-                let mut sum = [a, b, c, d];
-                if Smem::<D>::DQ_PARTIALS == 2 {
-                    let [e, f, g, h] = arch::ld_shared_v4(smem.d_q(1, row, 4 * column)).map(f32::from_bits);
-                    sum = [a + e, b + f, c + g, d + h];
-                }
-                arch::red_global_add_v4_f32(accum.add((row * D as u32 + column) as usize), sum);
-                run += Smem::<D>::DQ_THREADS;
-            }
-            arch::mbarrier_arrive(smem.d_q_empty());
-            n += 1;
+    let steps = p.forward.heads_per_kv * KeyBlock::of::<D>(p, causal).steps();
+    for n in 0..steps {
+        arch::mbarrier_wait_parity(smem.d_q_full(0), n & 1);
+        let [low, high, rows_here, _] = arch::ld_shared_v4(smem.d_q_rows(n % 2));
+        let first_row = ((high as u64) << 32 | low as u64) as i64;
+        // The step's rows are consecutive in the accumulator.
+        let accum = p.d_q_accum.offset((first_row * D as i64) as isize);
+        add_d_q_turn::<D, 0>(smem, accum, rows_here, thread);
+        if Smem::<D>::DQ_TURNS > 1 {
+            arch::mbarrier_wait_parity(smem.d_q_full(1), n & 1);
+            add_d_q_turn::<D, 1>(smem, accum, rows_here, thread);
         }
     }
+}
+
+/// [`add_d_q`]'s turn `TURN`, once its part is in the buffer: its columns
+/// of the head dim (not the tile's padding) of the step's first
+/// `rows_here` rows, to the accumulator `accum` of the step's rows; then
+/// frees the buffer for the next turn. The turn a const so that a row's
+/// runs are a constant.
+///
+/// # Safety
+/// As [`add_d_q`]; `accum` holds the step's rows below `rows_here`.
+#[inline(always)]
+unsafe fn add_d_q_turn<const D: usize, const TURN: u32>(smem: &Smem<D>, accum: *mut f32, rows_here: u32, thread: u32) {
+    let first_column = TURN * Smem::<D>::DQ_BUFFER_COLUMNS;
+    // A turn past the last holds nothing (its instance is never called):
+    // one run, not a division by zero.
+    let runs_per_row = const {
+        let columns = hopper_backward_config_of(D as u32).dq_turn_columns(TURN);
+        if columns == 0 {
+            1
+        } else {
+            columns / 4
+        }
+    };
+    let mut run = thread;
+    while run < rows_here * runs_per_row {
+        let (row, column) = (run / runs_per_row, 4 * (run % runs_per_row));
+        // Written out: a loop over the four left LLVM a local array.
+        let [a, b, c, d] = arch::ld_shared_v4(smem.d_q(0, row, 4 * column)).map(f32::from_bits);
+        let mut sum = [a, b, c, d];
+        if Smem::<D>::DQ_PARTIALS == 2 {
+            let [e, f, g, h] = arch::ld_shared_v4(smem.d_q(1, row, 4 * column)).map(f32::from_bits);
+            sum = [a + e, b + f, c + g, d + h];
+        }
+        arch::red_global_add_v4_f32(accum.add((row * D as u32 + first_column + column) as usize), sum);
+        run += Smem::<D>::DQ_THREADS;
+    }
+    arch::mbarrier_arrive(smem.d_q_empty((TURN + 1) % Smem::<D>::DQ_TURNS));
 }

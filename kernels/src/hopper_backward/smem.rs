@@ -17,7 +17,7 @@ use flash_attn_abi::hopper::SLAB_ROW_BYTES;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SMEM_ALIGN, WARPGROUP_THREADS};
 use flash_attn_abi::hopper_backward::{
     hopper_backward_config_of, HopperBackwardConfig, HopperBackwardSmem, HOPPER_BACKWARD_BLOCK_M,
-    HOPPER_BACKWARD_STAGES,
+    HOPPER_BACKWARD_CONSUMERS, HOPPER_BACKWARD_STAGES,
 };
 
 use crate::arch;
@@ -50,16 +50,21 @@ impl<const D: usize> Smem<D> {
     /// Bytes TMA lands for K (or V), and for a stage of Q (or of dO).
     pub const KV_BYTES: u32 = Self::SLABS * Self::KV_SLAB_BYTES;
     pub const STAGE_BYTES: u32 = Self::SLABS * Self::STEP_SLAB_BYTES;
-    /// Consumer warps: the count of each Q/dO empty barrier.
+    /// Consumer warps: the count of each Q or dO empty barrier.
     pub const CONSUMER_WARPS: u32 = 2 * WARPGROUP_THREADS / 32;
-    /// Consumer threads: the count of the dQ full barrier.
-    pub const CONSUMER_THREADS: u32 = 2 * WARPGROUP_THREADS;
+    /// Consumer threads that store a turn's dQ: the count of its full barrier.
+    pub const DQ_TURN_THREADS: u32 = 2 * WARPGROUP_THREADS / Self::DQ_TURNS;
     /// The producer warpgroup's warps after its first, which add dQ to the
     /// accumulator: their threads are the count of the dQ empty barrier.
     pub const DQ_THREADS: u32 = WARPGROUP_THREADS - 32;
-    /// Bytes between rows of a dQ buffer, and the buffers.
+    /// Bytes between rows of a dQ buffer, its columns, the buffers, and
+    /// the consumers' turns through them.
     pub const DQ_PITCH: u32 = Self::CONFIG.dq_pitch();
+    pub const DQ_BUFFER_COLUMNS: u32 = Self::CONFIG.dq_buffer_columns();
     pub const DQ_PARTIALS: u32 = Self::CONFIG.dq_partials();
+    pub const DQ_TURNS: u32 = Self::CONFIG.dq_turns();
+    /// Stages of dO's ring (Q's are [`HOPPER_BACKWARD_STAGES`]).
+    pub const D_O_STAGES: u32 = Self::CONFIG.d_o_stages();
 
     /// The layout at the dynamic shared memory `dynamic_base`, rounded up
     /// to the swizzle's repeat (the config reserves the slack).
@@ -121,36 +126,62 @@ impl<const D: usize> Smem<D> {
         self.base() + self.layout.d_q + partial * self.layout.d_q_bytes + row * Self::DQ_PITCH + byte
     }
 
+    /// Slot `slot` (of 2) of where a step's dQ goes: the index of its first
+    /// row in the accumulator (i64, low word first) and its rows below
+    /// seqlen_q.
+    #[inline(always)]
+    pub fn d_q_rows(&self, slot: u32) -> u32 {
+        self.base() + self.layout.d_q_rows + 16 * slot
+    }
+
     /// Completes when K and V have landed.
     #[inline(always)]
     pub fn kv_full(&self) -> u32 {
         self.base() + self.layout.barriers
     }
 
-    /// Completes when Q and dO of `stage` have landed.
+    /// Completes when Q of `stage` has landed.
     #[inline(always)]
     pub fn q_full(&self, stage: u32) -> u32 {
-        self.base() + self.layout.barriers + 8 * (1 + stage)
+        self.barrier(1 + stage)
     }
 
-    /// Completes when every consumer warp is done reading Q and dO of `stage`.
+    /// Completes when every consumer warp is done reading Q of `stage`.
     #[inline(always)]
     pub fn q_empty(&self, stage: u32) -> u32 {
-        self.base() + self.layout.barriers + 8 * (1 + HOPPER_BACKWARD_STAGES + stage)
+        self.barrier(1 + HOPPER_BACKWARD_STAGES + stage)
     }
 
-    /// Completes when every consumer thread has stored its part of the
-    /// step's dQ.
+    /// Completes when dO of `stage` (of [`Self::D_O_STAGES`]) has landed.
     #[inline(always)]
-    pub fn d_q_full(&self) -> u32 {
-        self.base() + self.layout.barriers + 8 * (1 + 2 * HOPPER_BACKWARD_STAGES)
+    pub fn d_o_full(&self, stage: u32) -> u32 {
+        self.barrier(1 + 2 * HOPPER_BACKWARD_STAGES + stage)
+    }
+
+    /// Completes when every consumer warp is done reading dO of `stage`.
+    #[inline(always)]
+    pub fn d_o_empty(&self, stage: u32) -> u32 {
+        self.barrier(1 + 3 * HOPPER_BACKWARD_STAGES + stage)
+    }
+
+    /// Completes when every consumer thread of turn `turn` (of
+    /// [`Self::DQ_TURNS`]) has stored its part of the step's dQ.
+    #[inline(always)]
+    pub fn d_q_full(&self, turn: u32) -> u32 {
+        self.barrier(1 + 4 * HOPPER_BACKWARD_STAGES + turn)
     }
 
     /// Completes when every thread that adds dQ to the accumulator is done
-    /// reading the step's.
+    /// reading the buffer for turn `turn`: the step's dQ of turn `turn - 1`
+    /// (turn 0: the last step's of the last turn).
     #[inline(always)]
-    pub fn d_q_empty(&self) -> u32 {
-        self.base() + self.layout.barriers + 8 * (2 + 2 * HOPPER_BACKWARD_STAGES)
+    pub fn d_q_empty(&self, turn: u32) -> u32 {
+        self.barrier(1 + 4 * HOPPER_BACKWARD_STAGES + HOPPER_BACKWARD_CONSUMERS + turn)
+    }
+
+    #[inline(always)]
+    fn barrier(&self, index: u32) -> u32 {
+        self.base() + self.layout.barriers + 8 * index
     }
 
     /// Initialises the mbarriers (one thread, before the block's barrier):
@@ -167,8 +198,14 @@ impl<const D: usize> Smem<D> {
             arch::mbarrier_init(self.q_full(stage), 1);
             arch::mbarrier_init(self.q_empty(stage), Self::CONSUMER_WARPS);
         }
-        arch::mbarrier_init(self.d_q_full(), Self::CONSUMER_THREADS);
-        arch::mbarrier_init(self.d_q_empty(), Self::DQ_THREADS);
+        for stage in 0..Self::D_O_STAGES {
+            arch::mbarrier_init(self.d_o_full(stage), 1);
+            arch::mbarrier_init(self.d_o_empty(stage), Self::CONSUMER_WARPS);
+        }
+        for turn in 0..Self::DQ_TURNS {
+            arch::mbarrier_init(self.d_q_full(turn), Self::DQ_TURN_THREADS);
+            arch::mbarrier_init(self.d_q_empty(turn), Self::DQ_THREADS);
+        }
         arch::fence_mbarrier_init();
     }
 
