@@ -393,24 +393,6 @@ pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
     );
 }
 
-/// `red.global.add.v2.f32` (sm_90): adds `values` to the two f32 at `ptr`
-/// atomically (relaxed, GPU scope, each element on its own), returning
-/// nothing: a fragment row's four lanes over 32 contiguous bytes are one
-/// whole sector.
-///
-/// # Safety
-/// `ptr` must point to two writable f32 of global memory, 8-byte aligned.
-#[inline(always)]
-pub unsafe fn red_global_add_v2_f32(ptr: *mut f32, values: [f32; 2]) {
-    asm!(
-        "red.global.add.v2.f32 [{p}], {{{a}, {b}}};",
-        p = in(reg64) ptr,
-        a = in(reg32) values[0],
-        b = in(reg32) values[1],
-        options(nostack)
-    );
-}
-
 /// `atom.global.add.u32`: adds `value` to the u32 at `ptr` atomically
 /// (relaxed, GPU scope) and returns what it held before.
 ///

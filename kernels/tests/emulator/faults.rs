@@ -256,21 +256,6 @@ fn red_global_add_v4_adds_each_element_and_needs_16_byte_alignment() {
 }
 
 #[test]
-fn red_global_add_v2_adds_each_element_and_needs_8_byte_alignment() {
-    #[repr(C, align(8))]
-    struct Aligned([f32; 4]);
-    let mut out = Aligned([0.0; 4]);
-    let out_ptr = out.0.as_mut_ptr();
-    let regions = [GlobalRegion::writable("out", &mut out.0)];
-    // 64 threads add (1, 2) to values 2 and 3.
-    let added = run_block(64, 0, &regions, |_| unsafe { arch::red_global_add_v2_f32(out_ptr.add(2), [1.0, 2.0]) });
-    assert!(added.is_ok(), "{added:?}");
-    let misaligned = run_block(1, 0, &regions, |_| unsafe { arch::red_global_add_v2_f32(out_ptr.add(1), [1.0; 2]) });
-    expect_fault(misaligned, FaultKind::Misaligned, &["red.global.add.v2.f32", "8-byte aligned"]);
-    assert_eq!(out.0, [0.0, 0.0, 64.0, 128.0]);
-}
-
-#[test]
 fn panics_and_traps_in_the_kernel_are_reported() {
     let panicked = run_block(64, 0, &[], |tid| {
         if tid == 37 {
