@@ -8,8 +8,9 @@
 //! finish kernels are the portable ones, on the same [`BackwardParams`]. A block is one key block
 //! ([`HopperBackwardConfig::block_n`] keys) of one key/value head and
 //! batch: a producer warpgroup that loads K and V once and each query
-//! step's Q and dO ([`HOPPER_BACKWARD_BLOCK_M`] rows) by TMA into a ring of
-//! two stages, and two consumer warpgroups that compute with `wgmma`: up
+//! step's Q and dO ([`HOPPER_BACKWARD_BLOCK_M`] rows) by TMA into rings of
+//! two stages (dO's of one at tile dim 256) and adds dQ to the f32
+//! accumulator, and two consumer warpgroups that compute with `wgmma`: up
 //! to d = 128 each owns 64 of the block's 128 keys, above it
 //! ([`HopperBackwardConfig::splits_head_dim`]) the block has 64 keys and
 //! each consumer owns half the head dim of their gradients.
