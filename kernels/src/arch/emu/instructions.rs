@@ -395,8 +395,7 @@ fn add_f32(cell: &AtomicU32, value: f32) {
 
 /// `red.global.add.v4.f32` (sm_90): adds `values` to the four f32 at
 /// `ptr`, each atomically, as blocks on other OS threads may add to the
-/// same addresses. The access is checked as one, so a `ptr` that is not
-/// 16-byte aligned faults, as on the GPU.
+/// same addresses. A `ptr` that is not 16-byte aligned faults, as on the GPU.
 ///
 /// # Safety
 /// `ptr` must point to four writable f32 of global memory, 16-byte aligned.
@@ -407,7 +406,7 @@ pub unsafe fn red_global_add_v4_f32(ptr: *mut f32, values: [f32; 4]) {
         let access = Access { instruction, site, thread: t.tid, addr: ptr as usize, len: 16, align: 16, write: true };
         t.ok(t.block.global.check(&access));
     });
-    for (i, &value) in values.iter().enumerate() {
+    for (i, value) in values.into_iter().enumerate() {
         atomic_global_word(ptr.add(i).cast(), instruction, site, |cell| add_f32(cell, value));
     }
 }
