@@ -35,7 +35,7 @@ use crate::{
 use flash_attn_abi::backward::{BackwardParams, BACKWARD_BLOCK_M, BACKWARD_BLOCK_N, ROW_KERNEL_ROWS};
 use flash_attn_abi::hopper::HopperScratch;
 use flash_attn_abi::hopper_backward::HopperBackwardScratch;
-use flash_attn_abi::kernels::Dtype;
+use flash_attn_abi::kernels::{Dtype, Variant};
 use flash_attn_abi::params::ForwardParams;
 use flash_attn_abi::params::{COMBINE_COLUMNS, COMBINE_WARPS};
 use flash_attn_abi::sm90::TensorMapParams;
@@ -956,8 +956,10 @@ struct Stats {
     split: usize,
     gqa_decode: usize,
     general: usize,
-    /// Dense calls the sm_90a planner takes (checked by [`hopper`] too).
+    /// Dense and packed calls the sm_90a planner takes (checked by
+    /// [`hopper`] too), and of them the packed ones.
     sm90a: usize,
+    sm90a_packed: usize,
     /// Calls whose backward was planned and checked ([`backward`]), and of
     /// them, those in the deterministic mode.
     backward: usize,
@@ -1363,6 +1365,7 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
     let mut failures = m.finish();
     if let Some(plan) = &call.sm90a {
         stats.sm90a += 1;
+        stats.sm90a_packed += !call.plan.args.cu_seqlens_q.is_null() as usize;
         let mut m = Model { buffers: call.buffers.clone(), ..Model::default() };
         hopper(&mut m, plan, call.outputs);
         failures.extend(m.finish().into_iter().map(|f| format!("sm_90a: {f}")));
@@ -1640,11 +1643,35 @@ fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
     m.check(params.blocks as i128 == grid[0], || format!("{} blocks given for a grid of {grid:?}", params.blocks));
     m.fits("heads_per_kv", a.heads_per_kv as i128, 1..=heads);
     tensor_maps(m, &h.maps, ["q", "k", "v"], d);
-    let rows = [(batch - 1, a.o_batch_stride), (a.seqlen_q as i128 - 1, a.o_row_stride), (heads - 1, a.o_head_stride)];
     m.pointer("o", a.o as u64, "o");
-    m.rows("o", 0, &rows, d);
     m.pointer("lse", a.lse as u64, "lse");
-    m.touch("lse", 0, &[(batch - 1, a.lse_batch_stride), (heads - 1, a.lse_head_stride), (a.seqlen_q as i128 - 1, 1)]);
+    if a.cu_seqlens_q.is_null() {
+        m.check(a.cu_seqlens_k.is_null(), || "packed keys of dense queries".into());
+        let rows =
+            [(batch - 1, a.o_batch_stride), (a.seqlen_q as i128 - 1, a.o_row_stride), (heads - 1, a.o_head_stride)];
+        m.rows("o", 0, &rows, d);
+        let lse = [(batch - 1, a.lse_batch_stride), (heads - 1, a.lse_head_stride), (a.seqlen_q as i128 - 1, 1)];
+        m.touch("lse", 0, &lse);
+    } else {
+        // Packed sequences: the general kernel, both offsets, no cache; the
+        // maps over one batch of every token. Each tile's sequence starts
+        // at its offsets in the tensors, its rows within the longest.
+        m.check(h.kernel.variant == Variant::General && !a.cu_seqlens_k.is_null(), || "packed sequences".into());
+        m.check(a.seqused_k.is_null() && a.block_table.is_null(), || "an sm_90a call over a KV cache".into());
+        m.check(h.maps.iter().all(|map| map.global_dims[3] == 1), || "packed maps over several batches".into());
+        for b in 0..batch {
+            let (start, end) = (m.read("cu_seqlens_q", b), m.read("cu_seqlens_q", b + 1));
+            let (k_start, k_end) = (m.read("cu_seqlens_k", b), m.read("cu_seqlens_k", b + 1));
+            m.fits("a sequence's queries", end - start, 0..=a.seqlen_q as i128);
+            m.fits("a sequence's keys", k_end - k_start, 0..=a.seqlen_k as i128);
+            m.fits("a sequence's first key", k_start, 0..=h.maps[1].global_dims[1] as i128);
+            if end > start {
+                let rows = [(end - start - 1, a.o_row_stride), (heads - 1, a.o_head_stride)];
+                m.rows("o", start * a.o_row_stride as i128, &rows, d);
+                m.touch("lse", start, &[(heads - 1, a.lse_head_stride), (end - start - 1, 1)]);
+            }
+        }
+    }
     if !a.alibi_slopes.is_null() {
         m.pointer("alibi_slopes", a.alibi_slopes as u64, "alibi_slopes");
         m.touch("alibi_slopes", 0, &[(batch - 1, a.alibi_batch_stride), (heads - 1, 1)]);
@@ -1699,9 +1726,11 @@ fn validation_accepts_only_calls_in_bounds() {
     ] {
         assert!(n * 200 >= cases, "{what}: {n} of {cases} cases");
     }
-    // The calls the sm_90a backward takes are a narrower slice of the specs.
-    let n = stats.backward_sm90a;
-    assert!(n * 1000 >= cases, "sm_90a backward kernels: {n} of {cases} cases");
+    // The calls the sm_90a backward and the packed sm_90a calls are
+    // narrower slices of the specs.
+    for (what, n) in [("sm_90a backward kernels", stats.backward_sm90a), ("packed sm_90a calls", stats.sm90a_packed)] {
+        assert!(n * 1000 >= cases, "{what}: {n} of {cases} cases");
+    }
 }
 
 /// A call of contiguous tensors with exact buffers and no option.

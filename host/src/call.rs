@@ -80,8 +80,9 @@ pub enum Sequences {
     /// Every batch has the problem's `seqlen_q` queries and `seqlen_k` keys.
     Dense,
     /// Sequences packed one after another, found through `batch + 1`
-    /// offsets each of queries and keys (device memory, i32).
-    Packed { cu_seqlens_q: u64, cu_seqlens_k: u64 },
+    /// offsets each of queries and keys (device memory, i32), in tensors of
+    /// `total_q` query and `total_k` key tokens.
+    Packed { cu_seqlens_q: u64, cu_seqlens_k: u64, total_q: usize, total_k: usize },
     /// A KV cache: each batch's keys are its first `lengths` slots, dense
     /// or paged.
     Cache { lengths: CacheLengths, pages: Option<Pages> },

@@ -134,7 +134,7 @@ fn forward_params(call: &Call) -> ForwardParams {
     }
     match &call.sequences {
         Sequences::Dense => {}
-        Sequences::Packed { cu_seqlens_q, cu_seqlens_k } => {
+        Sequences::Packed { cu_seqlens_q, cu_seqlens_k, .. } => {
             args.cu_seqlens_q = *cu_seqlens_q as *const i32;
             args.cu_seqlens_k = *cu_seqlens_k as *const i32;
         }
@@ -587,10 +587,10 @@ fn hopper_backward_launch(call: &BackwardCall) -> Option<HopperBackwardLaunch> {
     let columns = kernel.config.slab_columns();
     let (rows, keys) = ((columns, HOPPER_BACKWARD_BLOCK_M), (columns, kernel.config.block_n()));
     let maps = [
-        tma_map(f, &f.q, p.seqlen_q, p.heads_q, rows),
-        tma_map(f, &f.k, p.seqlen_k, p.heads_kv, keys),
-        tma_map(f, &f.v, p.seqlen_k, p.heads_kv, keys),
-        tma_map(f, &call.d_o, p.seqlen_q, p.heads_q, rows),
+        tma_map(f, &f.q, [p.batch, p.seqlen_q, p.heads_q], rows),
+        tma_map(f, &f.k, [p.batch, p.seqlen_k, p.heads_kv], keys),
+        tma_map(f, &f.v, [p.batch, p.seqlen_k, p.heads_kv], keys),
+        tma_map(f, &call.d_o, [p.batch, p.seqlen_q, p.heads_q], rows),
     ];
     if maps.iter().any(|m| m.validate().is_err()) {
         return None;
@@ -606,14 +606,19 @@ fn hopper_backward_launch(call: &BackwardCall) -> Option<HopperBackwardLaunch> {
 /// head_dim]` as (head_dim, seqlen, heads, batch), innermost first, in boxes
 /// of `columns` (64: the 128-byte swizzle, 32: the 64-byte one) and `rows`
 /// rows, zero-filled past each dimension.
-fn tma_map(call: &Call, t: &TensorAt, seqlen: usize, heads: usize, (columns, rows): (u32, u32)) -> TensorMapParams {
+fn tma_map(
+    call: &Call,
+    t: &TensorAt,
+    [batch, seqlen, heads]: [usize; 3],
+    (columns, rows): (u32, u32),
+) -> TensorMapParams {
     let p = &call.problem;
     let data_type = match call.dtype {
         Dtype::F16 => TensorDataType::F16,
         Dtype::Bf16 => TensorDataType::Bf16,
     };
     let [batch_stride, row_stride, head_stride] = t.strides.map(|s| 2 * s as u64);
-    let sizes = [seqlen, heads, p.batch].map(|n| n as u64);
+    let sizes = [seqlen, heads, batch].map(|n| n as u64);
     // A dimension of one index never steps: any stride TMA takes.
     let stride = |n: u64, stride: u64| if n == 1 { 16 } else { stride };
     TensorMapParams {
@@ -636,49 +641,61 @@ fn tma_map(call: &Call, t: &TensorAt, seqlen: usize, heads: usize, (columns, row
 }
 
 /// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,
-/// if the call is one those kernels take: dense sequences, no split asked
-/// for, a head dim and element type of the table, more query rows than a
-/// decode block, and q, k and v as TMA reads them (16-byte aligned, strides
-/// multiples of 16 bytes). Windows, softcap and ALiBi take the general
-/// kernel.
+/// if the call is one those kernels take: dense or packed sequences (not a
+/// KV cache), no split asked for, a head dim and element type of the
+/// table, more query rows than a decode block, and q, k and v as TMA reads
+/// them (16-byte aligned, strides multiples of 16 bytes). Windows,
+/// softcap, ALiBi and packed sequences take the general kernel.
 fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
     let p = &call.problem;
-    let modified = call.softcap.is_some() || call.alibi.is_some();
+    // The tensors as TMA sees them, [batch, seqlen] of q and of k and v:
+    // packed sequences are one batch of all their tokens, each tile's
+    // sequence found through the offsets.
+    let (q_rows, k_rows, packed) = match call.sequences {
+        Sequences::Dense => ([p.batch, p.seqlen_q], [p.batch, p.seqlen_k], false),
+        Sequences::Packed { total_q, total_k, .. } => ([1, total_q], [1, total_k], true),
+        Sequences::Cache { .. } => return None,
+    };
+    let modified = call.softcap.is_some() || call.alibi.is_some() || packed;
     let variant = match call.mask {
         _ if modified => Variant::General,
         Mask::None => Variant::Full,
         Mask::Causal => Variant::Causal,
         Mask::Window { .. } => Variant::General,
     };
-    let dense = call.sequences == Sequences::Dense && call.append.is_none();
     let unsplit = matches!(call.num_splits, None | Some(1));
     let decode_rows = attention_kernel(p.head_dim as u32, call.dtype, Variant::Decode)?.config.block_m as usize;
-    if !(dense && unsplit) || p.seqlen_q <= decode_rows || gqa_decode_applies(call) {
+    if !unsplit || call.append.is_some() || p.seqlen_q <= decode_rows || gqa_decode_applies(call) {
         return None;
     }
     let kernel = hopper_kernel(u32::try_from(p.head_dim).ok()?, call.dtype, variant)?;
     let block_n = kernel.config.block_n;
     let maps = [
-        tma_map(call, &call.q, p.seqlen_q, p.heads_q, (SLAB_COLUMNS, kernel.config.block_m())),
-        tma_map(call, &call.k, p.seqlen_k, p.heads_kv, (SLAB_COLUMNS, block_n)),
-        tma_map(call, &call.v, p.seqlen_k, p.heads_kv, (kernel.config.v_slab_columns(), block_n)),
+        tma_map(call, &call.q, [q_rows[0], q_rows[1], p.heads_q], (SLAB_COLUMNS, kernel.config.block_m())),
+        tma_map(call, &call.k, [k_rows[0], k_rows[1], p.heads_kv], (SLAB_COLUMNS, block_n)),
+        tma_map(call, &call.v, [k_rows[0], k_rows[1], p.heads_kv], (kernel.config.v_slab_columns(), block_n)),
     ];
-    if maps.iter().any(|m| m.validate().is_err()) {
+    // TMA takes 32-bit coordinates: the last box's first row among them.
+    let coordinates = [(q_rows[1], kernel.config.block_m()), (k_rows[1], block_n)];
+    if maps.iter().any(|m| m.validate().is_err())
+        || coordinates.iter().any(|&(n, rows)| n + rows as usize > i32::MAX as usize)
+    {
         return None;
     }
     let (query_blocks, tiles) = hopper_tiles(p.seqlen_q, p.heads_q, p.batch, kernel.config.block_m())?;
     // Unmasked and causal tiles go to persistent blocks, one per SM, so
     // that a tile's loads overlap the last tile's epilogue. Unmasked tiles
-    // all cost the same: block b takes every grid-th. Causal tiles differ:
-    // a block takes the next tile no block has taken (the tile counter),
-    // heaviest first. Windowed and modified tiles get one block each,
-    // which the GPU hands out as SMs free up (docs/hopper.md).
-    let persistent = matches!(variant, Variant::Full | Variant::Causal);
+    // all cost the same: block b takes every grid-th. Causal tiles and
+    // packed sequences' differ: a block takes the next tile no block has
+    // taken (the tile counter), causal ones heaviest first. Windowed and
+    // modified tiles of dense calls get one block each, which the GPU
+    // hands out as SMs free up (docs/hopper.md).
+    let persistent = matches!(variant, Variant::Full | Variant::Causal) || packed;
     let grid_x = if persistent { tiles.min(u32::try_from(sm_count.max(1)).unwrap_or(u32::MAX)) } else { tiles };
     if grid_x > i32::MAX as u32 {
         return None;
     }
-    let tile_counter = variant == Variant::Causal && grid_x < tiles;
+    let tile_counter = (variant == Variant::Causal || packed) && grid_x < tiles;
     Some(HopperLaunch { kernel, grid: [grid_x, 1, 1], maps, query_blocks, tiles, tile_counter })
 }
 
@@ -950,15 +967,13 @@ mod tests {
         assert_eq!((plan.args.num_splits, plan.combine_blocks), (1, 0));
         // The split heuristic would split this small grid on sm_80.
         assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().args.num_splits > 1);
-        // Not taken: the sm_80 family, other head dims, packed sequences,
-        // a forced split, decode rows, and strides TMA cannot express.
+        // Not taken: the sm_80 family, other head dims, a forced split,
+        // decode rows, and strides TMA cannot express.
         assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().hopper.is_none());
         assert!(hopper(&call(2, 1000, 1000, 8, 2, 32)).is_none());
         // Head dims between whole slabs take the next slab's tiles.
         assert_eq!(hopper(&call(2, 1000, 1000, 8, 2, 96)).map(|h| h.0), Some("flash_fwd_sm90_d96_f16_full"));
         assert_eq!(hopper(&call(2, 1000, 1000, 8, 2, 160)).map(|h| h.0), Some("flash_fwd_sm90_d160_f16_full"));
-        let packed = Call { sequences: Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512 }, ..dense.clone() };
-        assert!(hopper(&packed).is_none());
         assert!(hopper(&splits(dense.clone(), 2)).is_none());
         assert!(hopper(&call(2, 16, 1000, 8, 2, 128)).is_none());
         assert!(hopper(&call(2, 17, 1000, 8, 2, 128)).is_some());
@@ -968,6 +983,36 @@ mod tests {
         let mut unaligned = dense;
         unaligned.v.addr += 8;
         assert!(hopper(&unaligned).is_none());
+    }
+
+    #[test]
+    fn sm90a_plans_take_packed_sequences_on_the_general_kernel() {
+        let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
+        // Three sequences of at most 1000 queries and 700 keys, 2500 and 1800 tokens in all.
+        let mut packed = call(3, 1000, 700, 8, 2, 128);
+        packed.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512, total_q: 2500, total_k: 1800 };
+        for c in [packed.clone(), causal(packed.clone())] {
+            let launch = sm90a(&c).hopper.expect("an sm_90a plan");
+            assert_eq!(launch.kernel.name, "flash_fwd_sm90_d128_f16_general");
+            // Persistent blocks, one per SM, over 192 tiles (8 query blocks
+            // of the longest sequence, 8 heads, 3 sequences), taken off the
+            // tile counter: a packed sequence's tiles differ in cost.
+            assert_eq!((launch.grid, launch.tiles, launch.tile_counter), ([132, 1, 1], 192, true));
+            // The maps see one batch of every token.
+            assert_eq!(launch.maps[0].global_dims[..4], [128, 2500, 8, 1]);
+            assert_eq!(launch.maps[1].global_dims[..4], [128, 1800, 2, 1]);
+            assert_eq!(launch.maps[2].global_dims[..4], [128, 1800, 2, 1]);
+            let args = sm90a(&c).launches(OutputAddrs { o: 1 << 20, lse: 2 << 20 }, 3 << 20);
+            let [Launch { args: KernelArgs::Hopper(params), .. }] = args.as_slice() else {
+                panic!("one sm_90a launch")
+            };
+            assert_eq!((params.forward.cu_seqlens_q as u64, params.forward.cu_seqlens_k as u64), (256, 512));
+        }
+        // A KV cache and a split stay on the sm_80 kernels.
+        let mut cache = call(3, 1000, 700, 8, 2, 128);
+        cache.sequences = Sequences::Cache { lengths: CacheLengths::Device(256), pages: None };
+        assert!(sm90a(&cache).hopper.is_none());
+        assert!(sm90a(&splits(packed, 2)).hopper.is_none());
     }
 
     #[test]
@@ -1085,7 +1130,9 @@ mod tests {
         assert!(!applies(&|c| c.mask = Mask::Window { left: Some(10), right: None }));
         assert!(!applies(&|c| c.mask = Mask::Window { left: None, right: Some(3) }));
         assert!(!applies(&|c| c.alibi = Some(Alibi { addr: 256, batch_stride: 0 })));
-        assert!(!applies(&|c| c.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512 }));
+        assert!(!applies(&|c| {
+            c.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512, total_q: 2000, total_k: 2000 }
+        }));
         // Heads too far apart to be the kernels' rows.
         let past = MAX_ROW_STRIDE as i64 + 8;
         assert!(applies(&|c| c.q.strides[2] = past - 8));

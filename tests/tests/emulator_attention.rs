@@ -8,10 +8,10 @@
 //! all have to be right, as the host drives them, for these to pass.
 
 use flash_attn::pipeline::{
-    validate, validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, Plan, TableArg,
+    validate, validate_kvcache, validate_varlen, CacheArgs, KernelFamily, OffsetsArg, OutputBuffers, Plan, TableArg,
 };
 use flash_attn::reference::{self, ReferenceProblem};
-use flash_attn::{AttentionKernel, AttentionParams, ATTENTION_KERNELS};
+use flash_attn::{AttentionKernel, AttentionParams, ATTENTION_KERNELS, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
 use flash_attn_kernels::entry::KERNELS;
 use flash_attn_tests::emulator::{self, Dtype, DtypeValues, Memory, Tensor, POISON};
@@ -64,6 +64,9 @@ struct Case {
     /// Scales key `j` of a sequence of `n` keys by `key_scale(j, n)`.
     key_scale: Option<fn(usize, usize) -> f64>,
     seed: u64,
+    /// The kernels the call is planned for (`kernel` names a row of the
+    /// sm_90a table for [`KernelFamily::Sm90a`]).
+    family: KernelFamily,
 }
 
 impl Case {
@@ -84,6 +87,7 @@ impl Case {
             wave: 0,
             key_scale: None,
             seed: 7,
+            family: KernelFamily::Sm80,
         }
     }
 
@@ -175,8 +179,10 @@ fn shuffled_table(batch: usize, pages_per_seq: usize) -> Vec<i32> {
 /// sequences (padding included) written. Panics with the case and the
 /// first thing wrong; returns the plan.
 fn check(case: &Case) -> Plan {
-    let kernel = table_row(case.kernel);
-    let (dtype, d) = (kernel.dtype, kernel.head_dim as usize);
+    let (dtype, d) = match HOPPER_KERNELS.iter().find(|k| k.name == case.kernel) {
+        Some(kernel) => (kernel.dtype, kernel.head_dim as usize),
+        None => (table_row(case.kernel).dtype, table_row(case.kernel).head_dim as usize),
+    };
     let (heads_q, heads_kv) = (case.heads_q, case.heads_kv);
     let batch = case.seqlens_q.len();
     assert_eq!(case.seqlens_k.len(), batch, "{case:?}: one key length per sequence");
@@ -291,9 +297,10 @@ fn check(case: &Case) -> Plan {
             }
         }
         .unwrap_or_else(|e| panic!("{case:?}: refused: {e}"));
-        emulator::run(&call, &memory, case.wave).unwrap_or_else(|e| panic!("{case:?}\n{e}"))
+        emulator::run_on(&call, &memory, case.wave, case.family).unwrap_or_else(|e| panic!("{case:?}\n{e}"))
     };
-    assert_eq!(plan.kernel.name, case.kernel, "{case:?}: the plan chose {}", plan.kernel.name);
+    let chosen = plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name);
+    assert_eq!(chosen, case.kernel, "{case:?}: the plan chose {chosen}");
     if let Some(num_splits) = case.num_splits {
         assert_eq!(plan.args.num_splits as usize, num_splits, "{case:?}: split");
     }
@@ -614,6 +621,40 @@ fn packed_variable_lengths_with_empty_sequences() {
         case.heads_kv = 2;
         check(&case);
     }
+}
+
+#[test]
+fn sm90a_general_kernels_take_packed_sequences() {
+    // Sequences of every kind: empty, a single row or key, more rows than
+    // keys, key blocks that run into the next sequence's keys, the longest
+    // (300 rows) three query blocks of 128. The sm_90a tiles of the
+    // shorter sequences past their rows see no key and write nothing.
+    let (seqlens_q, seqlens_k) = ([0, 70, 1, 129, 300, 40], [5, 33, 0, 200, 260, 130]);
+    let family = KernelFamily::Sm90a { sm_count: 3 };
+    for (i, name) in
+        ["flash_fwd_sm90_d64_f16_general", "flash_fwd_sm90_d96_bf16_general", "flash_fwd_sm90_d128_f16_general"]
+            .into_iter()
+            .enumerate()
+    {
+        let seed = 40 + 10 * i as u64;
+        let case = Case { family, seed, ..Case::new(name, &seqlens_q, &seqlens_k, Keys::Packed) };
+        check(&case);
+        check(&Case { causal: true, heads_q: 4, heads_kv: 2, strided: true, seed: seed + 1, ..case.clone() });
+        check(&Case {
+            window: (Some(50), Some(20)),
+            softcap: Some(5.0),
+            alibi: Alibi::PerBatch,
+            seed: seed + 2,
+            ..case.clone()
+        });
+    }
+    // Tile dim 256: four slabs of Q and K, 64 keys a stage.
+    let case = Case {
+        family,
+        causal: true,
+        ..Case::new("flash_fwd_sm90_d224_bf16_general", &[90, 150], &[200, 70], Keys::Packed)
+    };
+    check(&case);
 }
 
 #[test]

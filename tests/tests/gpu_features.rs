@@ -8,11 +8,13 @@
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::half1::{bf16, f16};
+use flash_attn::pipeline::{plan_for, validate_varlen, KernelFamily, OffsetsArg, OutputBuffers};
 use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
 use flash_attn::{
-    AttentionParams, BlockTable, CacheSeqlens, DeviceView, Element, FlashAttention, KvCache, SeqOffsets, Tensor,
-    TensorMut, Workspace,
+    AttentionKernel, AttentionParams, BlockTable, CacheSeqlens, DeviceView, Element, FlashAttention, KvCache,
+    SeqOffsets, Tensor, TensorMut, Workspace,
 };
+use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
     check_against, computed_scores, download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned,
     random_tensor, random_values, upload, CaseResult, HostTensor, Placement, TestElement,
@@ -318,8 +320,41 @@ struct VarlenCase {
 /// than keys and the reverse, tails around the 64- and 128-row tiles.
 const RAGGED: &[(usize, usize)] = &[(5, 5), (0, 7), (130, 130), (64, 300), (300, 64), (1, 1), (17, 0), (129, 1000)];
 
+/// The kernel the host plans for the packed `case` (ALiBi `slopes`) on a
+/// GPU of compute capability 9.0 when `sm90a`, else on the sm_80 kernels:
+/// the call validated at host addresses of the device buffers' alignment
+/// (16 bytes) and strides.
+fn planned_varlen_kernel<T: TestElement>(
+    case: &VarlenCase,
+    [cu_q, cu_k]: [&SeqOffsets; 2],
+    slopes: &[f32],
+    sm90a: bool,
+) -> &'static str {
+    let (hq, hkv) = case.heads;
+    let tensor = |shape: [usize; 4]| emulator::Tensor::filled(shape, emulator::Tensor::contiguous_strides(shape), 0);
+    let (q_shape, k_shape) = ([1, cu_q.total(), hq, case.head_dim], [1, cu_k.total(), hkv, case.head_dim]);
+    let (q, k, v, mut o) = (tensor(q_shape), tensor(k_shape), tensor(k_shape), tensor(q_shape));
+    let mut lse = vec![0f32; hq * cu_q.total()];
+    let mut memory = Memory::new();
+    let alibi_slopes = (case.features.alibi != Alibi::Off).then(|| memory.slice("alibi_slopes", slopes));
+    let (q, k, v) = (memory.tensor("q", &q), memory.tensor("k", &k), memory.tensor("v", &v));
+    let cu_q = OffsetsArg { host: cu_q.offsets(), addr: memory.input("cu_seqlens_q", cu_q.offsets()) };
+    let cu_k = OffsetsArg { host: cu_k.offsets(), addr: memory.input("cu_seqlens_k", cu_k.offsets()) };
+    let o = memory.output_tensor("o", &mut o);
+    let lse_len = lse.len();
+    let lse_addr = memory.output("lse", &mut lse);
+    let params = AttentionParams { alibi_slopes, ..case.features.params(None) };
+    let outputs = OutputBuffers::Given { o: &o, lse_addr, lse_len };
+    let call = validate_varlen(<T as Element>::DTYPE, &q, &k, &v, cu_q, cu_k, outputs, &params)
+        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let family = if sm90a { KernelFamily::Sm90a { sm_count: 132 } } else { KernelFamily::Sm80 };
+    let plan = plan_for(&call, |_: &AttentionKernel| 1, family).expect("a plan");
+    plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name)
+}
+
 /// Runs a variable-length case (through `forward_varlen` when `allocate`)
-/// and checks each sequence against a batch-1 reference.
+/// and checks each sequence against a batch-1 reference. With the sm_90a
+/// kernels loaded, an unsplit case of their head dims must plan one.
 fn run_varlen<T: TestElement>(test: &str, attention: &FlashAttention, case: &VarlenCase, allocate: bool) {
     if left_out_of_this_run(test, case, case.heads.0 * case.lengths.iter().map(|(q, k)| q * k).sum::<usize>()) {
         return;
@@ -334,6 +369,10 @@ fn run_varlen<T: TestElement>(test: &str, attention: &FlashAttention, case: &Var
     let (k, k_dense) = random_values::<T>(&mut rng, total_k * hkv * d);
     let (v, v_dense) = random_values::<T>(&mut rng, total_k * hkv * d);
     let (slopes, reference_slopes) = random_slopes(case.features.alibi, &mut rng, batch, hq);
+    let kernel = planned_varlen_kernel::<T>(case, [&cu_q, &cu_k], &slopes, attention.uses_sm90a());
+    if attention.uses_sm90a() && case.features.num_splits.is_none() && case.head_dim != 32 {
+        assert!(kernel.starts_with("flash_fwd_sm90_"), "{case:?}: planned for {kernel}, not an sm_90a kernel");
+    }
     let slopes_dev = upload_slopes(&slopes);
     let (q_dev, k_dev, v_dev) = (upload(&q), upload(&k), upload(&v));
     let params = case.features.params(slopes_dev.as_ref());
@@ -380,13 +419,20 @@ fn run_varlen<T: TestElement>(test: &str, attention: &FlashAttention, case: &Var
         let r = check_against::<T>(&format!("{case:?} sequence {b}"), &o_b, &lse_b, &expected);
         (worst_o, worst_lse) = (worst_o.max(r.o_error), worst_lse.max(r.lse_max_error));
     }
-    let what = format!("{} allocate={allocate} {case:?}", <T as Element>::NAME);
+    let what = format!("{kernel} allocate={allocate} {case:?}");
     report(test, &what, &CaseResult { o_error: worst_o, lse_max_error: worst_lse });
 }
 
+/// Ragged and small enough for the sanitizers' cap on scores: an empty
+/// first sequence, a tail of 40 rows, one without keys.
+const SMALL_RAGGED: &[(usize, usize)] = &[(0, 5), (40, 70), (3, 3), (17, 0), (33, 129)];
+
 fn varlen_cases(d: usize) -> Vec<VarlenCase> {
     let case = |heads, features| VarlenCase { lengths: RAGGED, heads, head_dim: d, features };
+    let small = VarlenCase { lengths: SMALL_RAGGED, heads: (4, 2), head_dim: d, features: Features::default() };
     vec![
+        small,
+        VarlenCase { features: Features { causal: true, softcap: Some(3.0), ..Default::default() }, ..small },
         case((8, 2), Features::default()),
         case((4, 4), Features { causal: true, ..Default::default() }),
         case((6, 1), Features { causal: true, window: (Some(40), None), ..Default::default() }),
@@ -402,7 +448,7 @@ fn run_varlen_cases<T: TestElement>(test: &str) {
             run_varlen::<T>(test, &attention, &case, false);
         }
     }
-    run_varlen::<T>(test, &attention, &varlen_cases(128)[1], true);
+    run_varlen::<T>(test, &attention, &varlen_cases(128)[3], true);
 }
 
 f16_and_bf16_tests!(f16_variable_length, bf16_variable_length: run_varlen_cases());

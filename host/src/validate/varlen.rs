@@ -92,7 +92,7 @@ pub fn validate_varlen(
         mask: mask(params)?,
         softcap,
         alibi,
-        sequences: Sequences::Packed { cu_seqlens_q: cu_q.addr, cu_seqlens_k: cu_k.addr },
+        sequences: Sequences::Packed { cu_seqlens_q: cu_q.addr, cu_seqlens_k: cu_k.addr, total_q, total_k },
         num_splits,
         append: None,
     })

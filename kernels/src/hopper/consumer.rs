@@ -399,7 +399,7 @@ fn issue_output<
 /// The epilogue of one warp's 16 rows from `warp_first_row`: O normalised
 /// by the softmax sum and rounded, each lane storing its two columns of
 /// every n8-tile, and the LSE of each row (0 and -inf for a row that sees
-/// no key). Rows past seqlen_q are not written.
+/// no key). Rows past the sequence's are not written.
 ///
 /// # Safety
 /// o and the LSE hold every row of the call.
@@ -414,14 +414,15 @@ unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
     lane: u32,
 ) {
     let o_tiles = as_tiles::<O_REGS, O_TILES>(o);
-    let (batch, head) = (tile.batch as i64, tile.head as i64);
-    let o_base = p.o.offset((batch * p.o_batch_stride + head * p.o_head_stride) as isize);
-    let lse_base = p.lse.offset((batch * p.lse_batch_stride + head * p.lse_head_stride) as isize);
+    let (batch, head, first_token) = (tile.layout_batch as i64, tile.head as i64, tile.first_token_q as i64);
+    let o_at = batch * p.o_batch_stride + head * p.o_head_stride + first_token * p.o_row_stride;
+    let o_base = p.o.offset(o_at as isize);
+    let lse_base = p.lse.offset((batch * p.lse_batch_stride + head * p.lse_head_stride + first_token) as isize);
     for half in 0..2 {
         // Every lane joins the quad's shuffles before any leaves.
         let (norm, lse) = softmax.finish(0, half, scale_log2);
         let row = warp_first_row + lane / 4 + 8 * half as u32;
-        if row >= p.seqlen_q {
+        if row >= tile.seqlen_q {
             continue;
         }
         let out = o_base.offset((row as i64 * p.o_row_stride) as isize);

@@ -83,7 +83,10 @@ impl Loads {
 /// config's shared memory, a grid of `(blocks, 1, 1)` with at most
 /// [`flash_attn_abi::hopper::hopper_tiles`] blocks,
 /// and `p` valid for it: tensor maps of q, k and v as the ABI describes,
-/// o and the LSE large enough for every row.
+/// o and the LSE large enough for every row; for a general kernel,
+/// `cu_seqlens_q` and `cu_seqlens_k` both null or both set (packed
+/// sequences, the maps over one batch of all the tokens), `seqused_k` and
+/// `block_table` null.
 #[inline(always)]
 pub unsafe fn hopper_forward<
     E: Element,

@@ -75,7 +75,7 @@ unsafe fn load_tile<const BM: usize, const D: usize, const DT: usize, const BN: 
         return;
     }
     let slabs = Smem::<BM, D, DT, BN, STAGES>::SLABS;
-    let batch = tile.batch as i32;
+    let batch = tile.layout_batch as i32;
     let (q_map, k_map, v_map) = (maps, maps.add(1), maps.add(2));
     let q_head = tile.head as i32;
     // The host guarantees heads_per_kv >= 1; saying so drops the divide-by-zero panic path.
@@ -89,13 +89,13 @@ unsafe fn load_tile<const BM: usize, const D: usize, const DT: usize, const BN: 
         (slabs, SLAB_COLUMNS),
         |slab| smem.q(slab),
         q_map,
-        [tile.first_row as i32, q_head, batch],
+        [(tile.first_token_q + tile.first_row) as i32, q_head, batch],
     );
     let (k_bytes, v_bytes) = (Smem::<BM, D, DT, BN, STAGES>::K_BYTES, Smem::<BM, D, DT, BN, STAGES>::V_BYTES);
     let v_slabs = (Smem::<BM, D, DT, BN, STAGES>::V_SLABS, Smem::<BM, D, DT, BN, STAGES>::V_SLAB_COLUMNS);
     for i in 0..tile.key_blocks() {
         let (stage, parity) = loads.stage::<STAGES>(i);
-        let key_rows = [((tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];
+        let key_rows = [(tile.first_token_k + (tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];
         arch::mbarrier_wait_parity(smem.k_empty(stage), parity ^ 1);
         load_slabs(smem.k_full(stage), k_bytes, (slabs, SLAB_COLUMNS), |slab| smem.k(stage, slab), k_map, key_rows);
         arch::mbarrier_wait_parity(smem.v_empty(stage), parity ^ 1);

@@ -19,15 +19,27 @@ use flash_attn_abi::hopper::HopperParams;
 use super::smem::Smem;
 use crate::arch;
 use crate::params::ForwardParams;
-use crate::problem::Visibility;
+use crate::problem::{packed_sequence, Visibility};
 
 /// What a block works on for one tile: `block_m` query rows of one head
-/// and batch, and the key blocks its rows see.
+/// and sequence, and the key blocks its rows see.
 #[derive(Clone, Copy)]
 pub struct HopperTile {
     pub head: u32,
+    /// The tile's sequence (its batch; ALiBi slopes are per sequence).
     pub batch: u32,
-    /// The tile's first query row.
+    /// Where the sequence lies in the tensors: the batch index of their
+    /// layout, and its first token in q, o and the LSE, and in k and v.
+    /// Dense calls: `batch`, 0 and 0. Packed sequences: 0 and the offsets
+    /// of `cu_seqlens_q` and `cu_seqlens_k` (the tensors hold one batch of
+    /// all the tokens).
+    pub layout_batch: u32,
+    pub first_token_q: u32,
+    pub first_token_k: u32,
+    /// The sequence's query rows, and the tile's first (from the
+    /// sequence's first): a tile of a packed sequence shorter than the
+    /// longest may lie past its rows, and then sees no key.
+    pub seqlen_q: u32,
     pub first_row: u32,
     /// Key blocks `[key_block_begin, key_block_end)`.
     pub key_block_begin: u32,
@@ -86,9 +98,14 @@ impl TileOrder {
     }
 
     /// Tile `index` of the order, of `BM` rows. The general kernels read
-    /// the window from the parameters; the others fix it.
+    /// the window and the packed sequences' offsets from the parameters;
+    /// the others fix the window and take dense batches.
+    ///
+    /// # Safety
+    /// Where `cu_seqlens_q` is not null, `cu_seqlens_k` is not either, and
+    /// both hold the offsets of every batch and the end.
     #[inline(always)]
-    pub fn tile<const BM: usize, const BN: usize, const CAUSAL: bool, const GENERAL: bool>(
+    pub unsafe fn tile<const BM: usize, const BN: usize, const CAUSAL: bool, const GENERAL: bool>(
         &self,
         p: &ForwardParams,
         index: u32,
@@ -99,18 +116,35 @@ impl TileOrder {
         let (block_of_head, head_batch) = (index % self.query_blocks, index / self.query_blocks);
         let query_block = if CAUSAL { self.query_blocks - 1 - block_of_head } else { block_of_head };
         let first_row = query_block * BM as u32;
+        let batch = head_batch / self.heads;
         let (left, right) = if GENERAL { (p.window_left, p.window_right) } else { (-1, if CAUSAL { 0 } else { -1 }) };
         // The diagonal derived here, for each tile (`xor_in_place` keeps
         // LLVM from hoisting it): held through the loop, it was the value
         // the causal producer spilled past its 24 registers.
-        let seqlen_k = arch::xor_in_place(p.seqlen_k, 0);
+        let (mut seqlen_q, mut seqlen_k) = (p.seqlen_q, arch::xor_in_place(p.seqlen_k, 0));
+        let (mut layout_batch, mut first_token_q, mut first_token_k) = (batch, 0, 0);
+        let packed = GENERAL && !p.cu_seqlens_q.is_null();
+        if packed {
+            let (q_start, q_len) = packed_sequence(p.cu_seqlens_q, batch);
+            let (k_start, k_len) = packed_sequence(p.cu_seqlens_k, batch);
+            (seqlen_q, seqlen_k) = (q_len, k_len);
+            (layout_batch, first_token_q, first_token_k) = (0, q_start as u32, k_start as u32);
+        }
         let visibility =
-            Visibility { seqlen_k: seqlen_k as i32, diagonal: seqlen_k as i32 - p.seqlen_q as i32, left, right };
-        let last_row = (first_row + BM as u32).min(p.seqlen_q) - 1;
-        let (key_block_begin, key_block_end) = visibility.key_blocks(first_row, last_row, BN as u32);
+            Visibility { seqlen_k: seqlen_k as i32, diagonal: seqlen_k as i32 - seqlen_q as i32, left, right };
+        let (key_block_begin, key_block_end) = if packed && first_row >= seqlen_q {
+            (0, 0)
+        } else {
+            let last_row = (first_row + BM as u32).min(seqlen_q) - 1;
+            visibility.key_blocks(first_row, last_row, BN as u32)
+        };
         HopperTile {
             head: head_batch % self.heads,
-            batch: head_batch / self.heads,
+            batch,
+            layout_batch,
+            first_token_q,
+            first_token_k,
+            seqlen_q,
             first_row,
             key_block_begin,
             key_block_end,
