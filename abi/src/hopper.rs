@@ -180,20 +180,23 @@ pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
     Some(HopperConfig { head_dim, tile_dim, block_n, stages: 2, consumers })
 }
 
-/// The argument block of the sm_90a kernels: the portable kernels' block
-/// (outputs, strides, sizes, scale, mask) and the tensor maps of q, k and v
-/// that the producer loads through. The general kernels read the window,
-/// softcap and ALiBi fields too; none reads sequence offsets, cache
-/// lengths, pages or the split.
 /// The tiles of a call (`block_m` query rows of one head and batch each),
 /// which the persistent blocks share out: `(query blocks, tiles)`, `None`
-/// past `u32`, which the kernels count in.
+/// past `u32`, which the kernels count in. For packed sequences `seqlen_q`
+/// is the longest sequence's.
 pub fn hopper_tiles(seqlen_q: usize, heads_q: usize, batch: usize, block_m: u32) -> Option<(u32, u32)> {
     let query_blocks = seqlen_q.div_ceil(block_m as usize);
     let tiles = u32::try_from(query_blocks.checked_mul(heads_q)?.checked_mul(batch)?).ok()?;
     Some((query_blocks as u32, tiles))
 }
 
+/// The argument block of the sm_90a kernels: the portable kernels' block
+/// (outputs, strides, sizes, scale, mask) and the tensor maps of q, k and v
+/// that the producer loads through. The general kernels read the window,
+/// softcap and ALiBi fields and the packed sequences' offsets
+/// (`cu_seqlens_q` and `cu_seqlens_k`, both or neither; the maps then over
+/// one batch of all the tokens) too; none reads cache lengths, pages or
+/// the split.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HopperParams {
