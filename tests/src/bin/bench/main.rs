@@ -44,7 +44,7 @@
 //! `bench [--out FILE] [--quick] [--reps N] [--head-dims D,D..] [--seqlens S,S..] [--layout bshd|bhsd]
 //! [--decode-only | --no-decode | --varlen-only | --backward-only | --no-backward] [--decode-batches B,B..]
 //! [--decode-caches C,C..] [--decode-splits N] [--non-causal] [--portable] [--tokens N] [--heads H]
-//! [--dtypes f16,bf16]`:
+//! [--softcap C] [--dtypes f16,bf16]`:
 //! prints tables and writes one JSON object per row to FILE, after a first
 //! `"kind":"meta"` line (NVML's status, the GPU, the driver, the reps), for
 //! scripts/bench_torch.py, which adds the peers' figures (FlashAttention-2,
@@ -67,6 +67,9 @@
 //! batch * seqlen (default 16384) and `--heads H` the heads of the prefill
 //! rows (for shapes off the standard grid, e.g. grids of CTAs that fill
 //! whole waves of the GPU's SMs); either selects prefill rows only.
+//! `--softcap C` gives every prefill row a softcap of C (the general
+//! kernels, for tuning them; same FLOPs) and selects prefill rows only,
+//! written as `"kind":"softcap"`, which bench_torch.py leaves alone.
 
 use std::io::Write;
 
@@ -105,6 +108,9 @@ struct Shape {
     tokens: usize,
     /// Heads per call where `--heads` sets them, else hidden 2048 / d.
     heads: Option<usize>,
+    /// The softcap of the forward rows where `--softcap` sets one (the
+    /// general kernels; the FLOPs are the same).
+    softcap: Option<f32>,
 }
 
 impl Shape {
@@ -119,14 +125,15 @@ impl Shape {
     /// dim, causal, seqlen, batch and heads.
     fn json_fields(&self) -> String {
         format!(
-            "\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{}",
+            "\"dtype\":\"{}\",\"layout\":\"{}\",\"head_dim\":{},\"causal\":{},\"seqlen\":{},\"batch\":{},\"heads\":{}{}",
             self.dtype,
             if self.heads_major { "bhsd" } else { "bshd" },
             self.head_dim,
             self.causal,
             self.seqlen,
             self.batch(),
-            self.heads()
+            self.heads(),
+            self.softcap.map_or(String::new(), |c| format!(",\"softcap\":{c}"))
         )
     }
 
@@ -231,7 +238,7 @@ fn time_shape<T: TestElement + Send>(
     let mut o = DeviceBuffer::from_slice(&vec![T::from_bits(T::POISON); n])?;
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; batch * heads * shape.seqlen])?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-    let params = AttentionParams { causal: shape.causal, ..Default::default() };
+    let params = AttentionParams { causal: shape.causal, softcap: shape.softcap, ..Default::default() };
     // The varlen call takes the batch as one packed run of tokens,
     // `[1, tokens, heads, d]`: the same memory as `dims`.
     let layout = if varlen { [1, batch * shape.seqlen, heads, shape.head_dim] } else { dims };
@@ -556,19 +563,22 @@ struct PrefillGrid<'a> {
     tokens: usize,
     /// `--heads`, where given (else hidden 2048 / d).
     heads: Option<usize>,
+    /// `--softcap`, where given.
+    softcap: Option<f32>,
 }
 
 impl PrefillGrid<'_> {
     /// The grid's shapes in the order the tables print them: dtype, head
     /// dim, mask, seqlen, the innermost last; head dims where `keep` holds.
     fn shapes(&self, keep: impl Fn(usize) -> bool) -> Vec<Shape> {
-        let PrefillGrid { dtypes, head_dims, seqlens, masks, heads_major, tokens, heads } = *self;
+        let PrefillGrid { dtypes, head_dims, seqlens, masks, heads_major, tokens, heads, softcap } = *self;
         let mut shapes = Vec::new();
         for &dtype in dtypes {
             for &head_dim in head_dims.iter().filter(|&&d| keep(d)) {
                 for &causal in masks {
                     for &seqlen in seqlens {
-                        shapes.push(Shape { seqlen, head_dim, causal, dtype, heads_major, tokens, heads });
+                        let shape = Shape { seqlen, head_dim, causal, dtype, heads_major, tokens, heads, softcap };
+                        shapes.push(shape);
                     }
                 }
             }
@@ -615,9 +625,12 @@ fn prefill_rows(
             measured.warm_up_s
         );
         if let Some(f) = out.as_mut() {
+            // Rows with a softcap are `"kind":"softcap"`: bench_torch.py
+            // times its peers on the plain prefill rows only.
             writeln!(
                 f,
-                "{{{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}{}}}",
+                "{{{}{},\"tflops\":{:.3},\"ceiling_tflops\":{:.3}{}}}",
+                if shape.softcap.is_some() { "\"kind\":\"softcap\"," } else { "" },
                 shape.json_fields(),
                 measured.tflops,
                 ceiling,
@@ -705,6 +718,7 @@ fn varlen_rows(
                     heads_major: false,
                     tokens: STANDARD_TOKENS,
                     heads: None,
+                    softcap: None,
                 };
                 let dense = time_shape::<f16>(attention, monitor, &shape, false, reps)?;
                 let varlen = time_shape::<f16>(attention, monitor, &shape, true, reps)?;
@@ -782,6 +796,8 @@ struct Options {
     portable: bool,
     tokens: Option<usize>,
     heads: Option<usize>,
+    /// `--softcap C`: a softcap on every prefill row.
+    softcap: Option<f32>,
     reps: usize,
     decode_batches: Option<Vec<usize>>,
     decode_caches: Option<Vec<usize>>,
@@ -807,7 +823,7 @@ const SWITCHES: [&str; 8] = [
     "--non-causal",
     "--portable",
 ];
-const VALUED: [&str; 11] = [
+const VALUED: [&str; 12] = [
     "--out",
     "--reps",
     "--head-dims",
@@ -819,6 +835,7 @@ const VALUED: [&str; 11] = [
     "--decode-splits",
     "--tokens",
     "--heads",
+    "--softcap",
 ];
 
 /// Reads the command line (`args` without the program's name).
@@ -877,8 +894,13 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     let seqlens = list("--seqlens")?;
     let tokens = positive("--tokens")?;
     let heads = positive("--heads")?;
+    let softcap = match value("--softcap").map(str::parse::<f32>) {
+        None => None,
+        Some(Ok(c)) if c > 0.0 && c.is_finite() => Some(c),
+        Some(_) => return Err("--softcap takes one number > 0".into()),
+    };
     let reps = positive("--reps")?.unwrap_or(if quick { 10 } else { 30 });
-    let off_grid = tokens.is_some() || heads.is_some();
+    let off_grid = tokens.is_some() || heads.is_some() || softcap.is_some();
     // The variable-length rows come with the standard grid only.
     let standard_grid = head_dims.is_none() && seqlens.is_none() && !off_grid && value("--dtypes").is_none();
     if decode_only && no_decode {
@@ -893,7 +915,10 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         return Err("--backward-only excludes --decode-only, --varlen-only and --no-backward".into());
     }
     if decode_only && off_grid {
-        return Err("--tokens and --heads shape prefill rows; --decode-only runs none".into());
+        return Err("--tokens, --heads and --softcap shape prefill rows; --decode-only runs none".into());
+    }
+    if softcap.is_some() && backward_only {
+        return Err("--softcap sets the forward prefill rows' softcap; --backward-only runs none".into());
     }
     let decode_splits = match list("--decode-splits")?.as_deref() {
         None => None,
@@ -914,6 +939,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         portable: flag("--portable"),
         tokens,
         heads,
+        softcap,
         reps,
         decode_batches: list("--decode-batches")?,
         decode_caches: list("--decode-caches")?,
@@ -986,6 +1012,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         heads_major: options.heads_major,
         tokens: options.tokens.unwrap_or(STANDARD_TOKENS),
         heads: options.heads,
+        softcap: options.softcap,
     };
     if options.varlen_only {
         varlen_rows(&attention, &monitor, reps, &mut out)?;
@@ -1080,9 +1107,14 @@ mod tests {
 
     #[test]
     fn choosing_prefill_shapes_selects_prefill_rows_only() {
-        for line in
-            ["--head-dims 32,96 --seqlens 1024,4096", "--dtypes f16", "--tokens 32768", "--heads 8", "--seqlens 512"]
-        {
+        for line in [
+            "--head-dims 32,96 --seqlens 1024,4096",
+            "--dtypes f16",
+            "--tokens 32768",
+            "--heads 8",
+            "--seqlens 512",
+            "--softcap 30",
+        ] {
             let o = parse(line).unwrap();
             assert!(!o.standard_grid && !o.decode, "{line}");
         }
@@ -1091,6 +1123,7 @@ mod tests {
         assert_eq!(o.seqlens, Some(vec![1024, 4096]));
         assert_eq!(o.dtypes, ["f16"]);
         assert_eq!(parse("--dtypes bf16,f16").unwrap().dtypes, ["bf16", "f16"]);
+        assert_eq!(parse("--softcap 2.5").unwrap().softcap, Some(2.5));
         assert!(parse("--no-decode").unwrap().standard_grid);
         assert!(!parse("--no-decode").unwrap().decode);
         assert!(parse("--decode-only --decode-batches 1,4 --decode-caches 4096 --decode-splits 3").unwrap().decode);
@@ -1126,6 +1159,9 @@ mod tests {
             ("--decode-only --no-decode", "exclude each other"),
             ("--varlen-only --head-dims 64", "--varlen-only excludes"),
             ("--decode-only --tokens 4096", "--decode-only runs none"),
+            ("--softcap 0", "--softcap takes one number > 0"),
+            ("--softcap inf", "--softcap takes one number > 0"),
+            ("--backward-only --softcap 30", "--backward-only runs none"),
             ("--decode-splits 2,3", "--decode-splits takes one number"),
             ("--backward-only --varlen-only", "--backward-only excludes"),
             ("--backward-only --no-backward", "--backward-only excludes"),
