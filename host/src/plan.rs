@@ -683,19 +683,17 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
         return None;
     }
     let (query_blocks, tiles) = hopper_tiles(p.seqlen_q, p.heads_q, p.batch, kernel.config.block_m())?;
-    // Unmasked and causal tiles go to persistent blocks, one per SM, so
-    // that a tile's loads overlap the last tile's epilogue. Unmasked tiles
-    // all cost the same: block b takes every grid-th. Causal tiles and
-    // packed sequences' differ: a block takes the next tile no block has
-    // taken (the tile counter), causal ones heaviest first. Windowed and
-    // modified tiles of dense calls get one block each, which the GPU
-    // hands out as SMs free up (docs/hopper.md).
-    let persistent = matches!(variant, Variant::Full | Variant::Causal) || packed;
-    let grid_x = if persistent { tiles.min(u32::try_from(sm_count.max(1)).unwrap_or(u32::MAX)) } else { tiles };
+    // Persistent blocks, one per SM, so that a tile's loads overlap the
+    // last tile's epilogue. Unmasked tiles all cost the same: block b
+    // takes every grid-th. The others differ (causal tiles, windows near
+    // a sequence's start, packed sequences): a block takes the next tile
+    // no block has taken (the tile counter), causal ones heaviest first
+    // (docs/hopper.md).
+    let grid_x = tiles.min(u32::try_from(sm_count.max(1)).unwrap_or(u32::MAX));
     if grid_x > i32::MAX as u32 {
         return None;
     }
-    let tile_counter = (variant == Variant::Causal || packed) && grid_x < tiles;
+    let tile_counter = variant != Variant::Full && grid_x < tiles;
     Some(HopperLaunch { kernel, grid: [grid_x, 1, 1], maps, query_blocks, tiles, tile_counter })
 }
 
@@ -945,10 +943,10 @@ mod tests {
             let c = causal(c);
             assert_eq!((hopper(&c).map(|h| h.1), counted(&c)), (Some([132, 1, 1]), Some(true)));
         }
-        // Windowed tiles: one block each.
+        // Windowed tiles: persistent blocks on the counter too.
         let windowed_long =
             Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..call(4, 1000, 1000, 8, 2, 128) };
-        assert_eq!((hopper(&windowed_long).map(|h| h.1), counted(&windowed_long)), (Some([256, 1, 1]), Some(false)));
+        assert_eq!((hopper(&windowed_long).map(|h| h.1), counted(&windowed_long)), (Some([132, 1, 1]), Some(true)));
         assert_eq!(hopper(&causal(dense.clone())).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_causal"));
         let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..dense.clone() };
         assert_eq!(hopper(&windowed).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
