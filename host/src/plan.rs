@@ -617,10 +617,12 @@ fn tma_map(
         Dtype::F16 => TensorDataType::F16,
         Dtype::Bf16 => TensorDataType::Bf16,
     };
-    let [batch_stride, row_stride, head_stride] = t.strides.map(|s| 2 * s as u64);
+    let [batch_stride, row_stride, head_stride] = t.strides;
     let sizes = [seqlen, heads, batch].map(|n| n as u64);
-    // A dimension of one index never steps: any stride TMA takes.
-    let stride = |n: u64, stride: u64| if n == 1 { 16 } else { stride };
+    // A dimension of one index never steps: any stride TMA takes, not its
+    // own (a packed tensor's batch stride, which validation leaves
+    // unchecked, may be anything). The others' spans were checked.
+    let stride = |n: u64, elements: i64| if n == 1 { 16 } else { 2 * elements as u64 };
     TensorMapParams {
         data_type,
         rank: 4,
@@ -687,8 +689,8 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
     // last tile's epilogue. Unmasked tiles all cost the same: block b
     // takes every grid-th. The others differ (causal tiles, windows near
     // a sequence's start, packed sequences): a block takes the next tile
-    // no block has taken (the tile counter), causal ones heaviest first
-    // (docs/hopper.md).
+    // no block has taken (the tile counter), the causal kernel's heaviest
+    // first (docs/hopper.md).
     let grid_x = tiles.min(u32::try_from(sm_count.max(1)).unwrap_or(u32::MAX));
     if grid_x > i32::MAX as u32 {
         return None;
