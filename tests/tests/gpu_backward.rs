@@ -9,7 +9,8 @@
 //! dV start as NaN. dK and dV (no atomics) must be bit-identical over two
 //! runs, and dQ too in the deterministic mode; the allocating `backward`
 //! gives the same dK and dV. The sm_90a main kernels run the same cases
-//! (those they take) on compute capability 9.0. Skipped, saying why,
+//! (those they take) on compute capability 9.0; packed sequences
+//! (`backward_varlen_into`) run at every head dim. Skipped, saying why,
 //! without a GPU.
 
 use flash_attn::cust::memory::DeviceBuffer;
@@ -17,14 +18,14 @@ use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::pipeline::{plan_backward_for, validate, validate_backward, BackwardTensors, KernelFamily};
 use flash_attn::reference::{attention_backward, relative_l2_error, ReferenceProblem};
 use flash_attn::{
-    AttentionParams, Element, FlashAttention, Gradients, Tensor, TensorMut, Workspace, BACKWARD_KERNELS,
+    AttentionParams, Element, FlashAttention, Gradients, SeqOffsets, Tensor, TensorMut, Workspace, BACKWARD_KERNELS,
     HOPPER_BACKWARD_KERNELS,
 };
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
-    download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor, skipped, span, upload,
-    Placement, TestElement,
+    download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor, random_values, skipped,
+    span, upload, Placement, TestElement,
 };
 
 /// One backward case: sizes, layout, mask and score modifiers.
@@ -328,3 +329,114 @@ fn run_sm90a<T: TestElement>(test: &str) {
 }
 
 f16_and_bf16_tests!(backward_sm90a_f16, backward_sm90a_bf16: run_sm90a());
+
+/// Packed sequences, (queries, keys) each: an empty one first, one without
+/// keys, more queries than keys and the reverse, a single query, key
+/// blocks that run into the next sequence's keys.
+const PACKED: &[(usize, usize)] = &[(0, 5), (70, 100), (130, 0), (90, 40), (1, 65), (150, 200)];
+
+/// The backward of packed sequences (`backward_varlen_into`, after
+/// `forward_varlen_into` on the same inputs) at every head dim, causal and
+/// not, GQA 4/2, each sequence against a batch-1 f64 reference; dQ, dK and
+/// dV start as NaN. (The sm_90a main kernels do not take packed
+/// sequences: every GPU runs the sm_80 ones here.)
+fn run_packed<T: TestElement>(test: &str) {
+    let Some((_context, attention)) = gpu(test) else {
+        return;
+    };
+    let mut rng = rand::thread_rng();
+    let mut workspace = Workspace::new();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
+    let lengths = |side: fn(&(usize, usize)) -> usize| PACKED.iter().map(side).collect::<Vec<_>>();
+    let cu_q = SeqOffsets::from_lengths(&lengths(|l| l.0)).expect("cu_seqlens_q");
+    let cu_k = SeqOffsets::from_lengths(&lengths(|l| l.1)).expect("cu_seqlens_k");
+    let (hq, hk) = (4, 2);
+    let mut ran = 0;
+    for kernel in BACKWARD_KERNELS.iter().filter(|k| k.dtype == <T as Element>::DTYPE) {
+        let d = kernel.head_dim as usize;
+        for causal in [false, true] {
+            let what = format!("{} d={d} causal={causal} packed {PACKED:?}", <T as Element>::NAME);
+            let scores = hq * PACKED.iter().map(|(q, k)| q * k).sum::<usize>();
+            if left_out_of_this_run(test, &what, scores) {
+                continue;
+            }
+            let (q_shape, kv_shape) = ([cu_q.total(), hq, d], [cu_k.total(), hk, d]);
+            let [(q, q64), (k, k64), (v, v64), (d_o, d_o64)] =
+                [q_shape, kv_shape, kv_shape, q_shape].map(|s| random_values::<T>(&mut rng, s.iter().product()));
+            let [q_dev, k_dev, v_dev, d_o_dev] = [&q, &k, &v, &d_o].map(|t| upload(t));
+            let params = AttentionParams { causal, ..Default::default() };
+            let mut o_dev = poisoned::<T>(q.len());
+            let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; hq * cu_q.total()]).expect("lse");
+            let (qt, kt, vt) =
+                (Tensor::packed(&q_dev, q_shape), Tensor::packed(&k_dev, kv_shape), Tensor::packed(&v_dev, kv_shape));
+            let o = TensorMut::packed(&mut o_dev, q_shape);
+            attention
+                .forward_varlen_into(qt, kt, vt, o, &mut lse_dev, &cu_q, &cu_k, &params, &stream)
+                .unwrap_or_else(|e| panic!("{what}: forward refused: {e}"));
+            let (mut d_q, mut d_k, mut d_v) = (poisoned::<T>(q.len()), poisoned::<T>(k.len()), poisoned::<T>(v.len()));
+            let gradients = Gradients {
+                d_q: TensorMut::packed(&mut d_q, q_shape),
+                d_k: TensorMut::packed(&mut d_k, kv_shape),
+                d_v: TensorMut::packed(&mut d_v, kv_shape),
+            };
+            let (o, d_o_t) = (Tensor::packed(&o_dev, q_shape), Tensor::packed(&d_o_dev, q_shape));
+            let problem = attention
+                .backward_varlen_into(
+                    qt,
+                    kt,
+                    vt,
+                    o,
+                    &lse_dev,
+                    d_o_t,
+                    gradients,
+                    &cu_q,
+                    &cu_k,
+                    &params,
+                    &mut workspace,
+                    &stream,
+                )
+                .unwrap_or_else(|e| panic!("{what}: backward refused: {e}"));
+            stream.synchronize().unwrap_or_else(|e| panic!("{what}: kernel failed: {e}"));
+            let [d_q, d_k, d_v] = [&d_q, &d_k, &d_v].map(|t| download(t));
+            let (mut errors, mut norms) = ([0f64; 3], [0f64; 3]);
+            for (b, &(sq, sk)) in PACKED.iter().enumerate() {
+                let (q0, k0) = (cu_q.offsets()[b] as usize, cu_k.offsets()[b] as usize);
+                let rows =
+                    |x: &[f64], first: usize, n: usize, heads: usize| x[first * heads * d..][..n * heads * d].to_vec();
+                let p = ReferenceProblem::dense(1, sq, sk, hq, hk, d, causal, 1.0 / (d as f64).sqrt());
+                let want = attention_backward(
+                    &p,
+                    None,
+                    &rows(&q64, q0, sq, hq),
+                    &rows(&k64, k0, sk, hk),
+                    &rows(&v64, k0, sk, hk),
+                    &rows(&d_o64, q0, sq, hq),
+                );
+                let got = |t: &[T], first: usize, n: usize, heads: usize| -> Vec<f64> {
+                    t[first * heads * d..][..n * heads * d].iter().map(|x| x.to_f64()).collect()
+                };
+                for (i, (got, want)) in [
+                    (got(&d_q, q0, sq, hq), &want.dq),
+                    (got(&d_k, k0, sk, hk), &want.dk),
+                    (got(&d_v, k0, sk, hk), &want.dv),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    assert!(got.iter().all(|x| x.is_finite()), "{what}: sequence {b}: NaN (not written?) or inf");
+                    errors[i] += got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum::<f64>();
+                    norms[i] += want.iter().map(|b| b * b).sum::<f64>();
+                }
+            }
+            for (name, (e, n)) in ["dQ", "dK", "dV"].into_iter().zip(errors.into_iter().zip(norms)) {
+                let error = (e / n.max(f64::MIN_POSITIVE)).sqrt();
+                assert!(error < tolerance::<T>(), "{what}: {name} relative L2 error {error:.3e}");
+            }
+            println!("{test}: ok {} {what} ({problem:?})", kernel.name);
+            ran += 1;
+        }
+    }
+    assert!(ran > 0, "every case was left out of the run");
+}
+
+f16_and_bf16_tests!(backward_packed_f16, backward_packed_bf16: run_packed());
