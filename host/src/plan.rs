@@ -658,9 +658,9 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
         Sequences::Packed { total_q, total_k, .. } => ([1, total_q], [1, total_k], true),
         Sequences::Cache { .. } => return None,
     };
-    let modified = call.softcap.is_some() || call.alibi.is_some() || packed;
+    let general = call.softcap.is_some() || call.alibi.is_some() || packed;
     let variant = match call.mask {
-        _ if modified => Variant::General,
+        _ if general => Variant::General,
         Mask::None => Variant::Full,
         Mask::Causal => Variant::Causal,
         Mask::Window { .. } => Variant::General,

@@ -181,7 +181,10 @@ fn shuffled_table(batch: usize, pages_per_seq: usize) -> Vec<i32> {
 fn check(case: &Case) -> Plan {
     let (dtype, d) = match HOPPER_KERNELS.iter().find(|k| k.name == case.kernel) {
         Some(kernel) => (kernel.dtype, kernel.head_dim as usize),
-        None => (table_row(case.kernel).dtype, table_row(case.kernel).head_dim as usize),
+        None => {
+            let kernel = table_row(case.kernel);
+            (kernel.dtype, kernel.head_dim as usize)
+        }
     };
     let (heads_q, heads_kv) = (case.heads_q, case.heads_kv);
     let batch = case.seqlens_q.len();
