@@ -148,14 +148,17 @@ pub const fn v_slab_columns(head_dim: u32) -> u32 {
     }
 }
 
-/// The configuration of head dim `head_dim`'s sm_90a kernels, if there are any.
+/// The configuration of head dim `head_dim`'s sm_90a `variant` kernel with
+/// tiles of `block_m` query rows, if there is one.
 ///
 /// - d = 64: tiles of 192 rows (three consumers, 160 registers each), 128
 ///   keys per stage, two stages. Its softmax costs as much as its GEMMs
 ///   (the exponentials alone keep the MUFU as busy as the tensor cores),
 ///   so its consumers' instruction stream bounds it: a third consumer
 ///   gives each scheduler another warp to issue from, and each K/V stage
-///   serves 192 rows. S (64 registers), O (32) and P (32) fit 160.
+///   serves 192 rows. S (64 registers), O (32) and P (32) fit 160. The
+///   causal and general kernels also come with tiles of 128 rows, for
+///   short causal calls ([`hopper_block_m`]).
 /// - d = 96 and 128 (Q and K tiles of 128 columns): 128 rows, 128 keys per
 ///   stage, two stages: the S accumulator (64 registers), O (`head_dim /
 ///   2`) and P (32) fit a consumer's 240 registers.
@@ -163,21 +166,46 @@ pub const fn v_slab_columns(head_dim: u32) -> u32 {
 ///   stages (128 keys would need 240 KiB at d = 192): Q 48 KiB, K 2 x 36
 ///   and V 2 x 30 or 36 KiB; O takes 80 or 96 registers, S 48. 64 keys per
 ///   stage, with two stages or three, measured slower.
-/// - d = 224 and 256 (tiles of 256 columns): 64 keys per stage (O alone
-///   takes 112 or 128 registers), two stages: Q 64 KiB, K 2 x 32 KiB, V 2
-///   x 28 or 32 KiB.
+/// - d = 224 and 256 (tiles of 256 columns): two stages of 64 keys (O alone
+///   takes 112 or 128 registers): Q 64 KiB, K 2 x 32 KiB, V 2 x 28 or 32
+///   KiB; but 80 keys in d = 224's full and causal kernels (K 2 x 40 KiB, V
+///   2 x 35 KiB), which measured faster there and not at d = 256; the
+///   general kernels spill at 80 keys at d = 256.
 ///
 /// d = 32 keeps the sm_80 kernels: its softmax outweighs its GEMMs, and a
 /// 64-column tile would double its `S = Q K^T` loads.
-pub const fn hopper_config(head_dim: u32) -> Option<HopperConfig> {
-    let (tile_dim, block_n, consumers) = match head_dim {
-        64 => (64, 128, 3),
-        96 | 128 => (128, 128, 2),
-        160 | 192 => (192, 96, 2),
-        224 | 256 => (256, 64, 2),
+pub const fn hopper_config(head_dim: u32, variant: Variant, block_m: u32) -> Option<HopperConfig> {
+    let (tile_dim, block_n) = match head_dim {
+        64 => (64, 128),
+        96 | 128 => (128, 128),
+        160 | 192 => (192, 96),
+        224 if !matches!(variant, Variant::General) => (256, 80),
+        224 | 256 => (256, 64),
+        _ => return None,
+    };
+    let consumers = match (head_dim, variant, block_m) {
+        (64, _, 192) => 3,
+        (64, Variant::Causal | Variant::General, 128) => 2,
+        (64, _, _) => return None,
+        (_, _, 128) => 2,
         _ => return None,
     };
     Some(HopperConfig { head_dim, tile_dim, block_n, stages: 2, consumers })
+}
+
+/// The query rows of the tiles that head dim `head_dim`'s sm_90a kernels
+/// take for a call over `seqlen_k` keys (of the longest sequence, packed),
+/// `causal` or not: 192 at d = 64, but 128 for causal calls over at most
+/// 1024 keys, and 128 at the other head dims. The consumers of a causal
+/// tile run to its last row's keys: at 1024 keys a tile of 192 rows
+/// computes a third more key blocks than tiles of 128, which outweighs its
+/// third consumer.
+pub const fn hopper_block_m(head_dim: u32, causal: bool, seqlen_k: usize) -> u32 {
+    match head_dim {
+        64 if causal && seqlen_k <= 1024 => 128,
+        64 => 192,
+        _ => 128,
+    }
 }
 
 /// The tiles of a call (`block_m` query rows of one head and batch each),
@@ -244,83 +272,90 @@ pub struct HopperKernel {
 }
 
 /// Calls `$callback!` with every sm_90a kernel, one `(entry_point,
-/// head_dim, Dtype, Variant)` row each: the one list of them.
+/// head_dim, Dtype, Variant, block_m)` row each: the one list of them.
 #[macro_export]
 macro_rules! hopper_kernels {
     ($callback:ident) => {
         $callback! {
-            (flash_fwd_sm90_d64_f16_full, 64, F16, Full),
-            (flash_fwd_sm90_d64_f16_causal, 64, F16, Causal),
-            (flash_fwd_sm90_d64_f16_general, 64, F16, General),
-            (flash_fwd_sm90_d64_bf16_full, 64, Bf16, Full),
-            (flash_fwd_sm90_d64_bf16_causal, 64, Bf16, Causal),
-            (flash_fwd_sm90_d64_bf16_general, 64, Bf16, General),
-            (flash_fwd_sm90_d96_f16_full, 96, F16, Full),
-            (flash_fwd_sm90_d96_f16_causal, 96, F16, Causal),
-            (flash_fwd_sm90_d96_f16_general, 96, F16, General),
-            (flash_fwd_sm90_d96_bf16_full, 96, Bf16, Full),
-            (flash_fwd_sm90_d96_bf16_causal, 96, Bf16, Causal),
-            (flash_fwd_sm90_d96_bf16_general, 96, Bf16, General),
-            (flash_fwd_sm90_d128_f16_full, 128, F16, Full),
-            (flash_fwd_sm90_d128_f16_causal, 128, F16, Causal),
-            (flash_fwd_sm90_d128_f16_general, 128, F16, General),
-            (flash_fwd_sm90_d128_bf16_full, 128, Bf16, Full),
-            (flash_fwd_sm90_d128_bf16_causal, 128, Bf16, Causal),
-            (flash_fwd_sm90_d128_bf16_general, 128, Bf16, General),
-            (flash_fwd_sm90_d160_f16_full, 160, F16, Full),
-            (flash_fwd_sm90_d160_f16_causal, 160, F16, Causal),
-            (flash_fwd_sm90_d160_f16_general, 160, F16, General),
-            (flash_fwd_sm90_d160_bf16_full, 160, Bf16, Full),
-            (flash_fwd_sm90_d160_bf16_causal, 160, Bf16, Causal),
-            (flash_fwd_sm90_d160_bf16_general, 160, Bf16, General),
-            (flash_fwd_sm90_d192_f16_full, 192, F16, Full),
-            (flash_fwd_sm90_d192_f16_causal, 192, F16, Causal),
-            (flash_fwd_sm90_d192_f16_general, 192, F16, General),
-            (flash_fwd_sm90_d192_bf16_full, 192, Bf16, Full),
-            (flash_fwd_sm90_d192_bf16_causal, 192, Bf16, Causal),
-            (flash_fwd_sm90_d192_bf16_general, 192, Bf16, General),
-            (flash_fwd_sm90_d224_f16_full, 224, F16, Full),
-            (flash_fwd_sm90_d224_f16_causal, 224, F16, Causal),
-            (flash_fwd_sm90_d224_f16_general, 224, F16, General),
-            (flash_fwd_sm90_d224_bf16_full, 224, Bf16, Full),
-            (flash_fwd_sm90_d224_bf16_causal, 224, Bf16, Causal),
-            (flash_fwd_sm90_d224_bf16_general, 224, Bf16, General),
-            (flash_fwd_sm90_d256_f16_full, 256, F16, Full),
-            (flash_fwd_sm90_d256_f16_causal, 256, F16, Causal),
-            (flash_fwd_sm90_d256_f16_general, 256, F16, General),
-            (flash_fwd_sm90_d256_bf16_full, 256, Bf16, Full),
-            (flash_fwd_sm90_d256_bf16_causal, 256, Bf16, Causal),
-            (flash_fwd_sm90_d256_bf16_general, 256, Bf16, General),
+            (flash_fwd_sm90_d64_f16_full, 64, F16, Full, 192),
+            (flash_fwd_sm90_d64_f16_causal, 64, F16, Causal, 192),
+            (flash_fwd_sm90_d64_f16_causal_m128, 64, F16, Causal, 128),
+            (flash_fwd_sm90_d64_f16_general, 64, F16, General, 192),
+            (flash_fwd_sm90_d64_f16_general_m128, 64, F16, General, 128),
+            (flash_fwd_sm90_d64_bf16_full, 64, Bf16, Full, 192),
+            (flash_fwd_sm90_d64_bf16_causal, 64, Bf16, Causal, 192),
+            (flash_fwd_sm90_d64_bf16_causal_m128, 64, Bf16, Causal, 128),
+            (flash_fwd_sm90_d64_bf16_general, 64, Bf16, General, 192),
+            (flash_fwd_sm90_d64_bf16_general_m128, 64, Bf16, General, 128),
+            (flash_fwd_sm90_d96_f16_full, 96, F16, Full, 128),
+            (flash_fwd_sm90_d96_f16_causal, 96, F16, Causal, 128),
+            (flash_fwd_sm90_d96_f16_general, 96, F16, General, 128),
+            (flash_fwd_sm90_d96_bf16_full, 96, Bf16, Full, 128),
+            (flash_fwd_sm90_d96_bf16_causal, 96, Bf16, Causal, 128),
+            (flash_fwd_sm90_d96_bf16_general, 96, Bf16, General, 128),
+            (flash_fwd_sm90_d128_f16_full, 128, F16, Full, 128),
+            (flash_fwd_sm90_d128_f16_causal, 128, F16, Causal, 128),
+            (flash_fwd_sm90_d128_f16_general, 128, F16, General, 128),
+            (flash_fwd_sm90_d128_bf16_full, 128, Bf16, Full, 128),
+            (flash_fwd_sm90_d128_bf16_causal, 128, Bf16, Causal, 128),
+            (flash_fwd_sm90_d128_bf16_general, 128, Bf16, General, 128),
+            (flash_fwd_sm90_d160_f16_full, 160, F16, Full, 128),
+            (flash_fwd_sm90_d160_f16_causal, 160, F16, Causal, 128),
+            (flash_fwd_sm90_d160_f16_general, 160, F16, General, 128),
+            (flash_fwd_sm90_d160_bf16_full, 160, Bf16, Full, 128),
+            (flash_fwd_sm90_d160_bf16_causal, 160, Bf16, Causal, 128),
+            (flash_fwd_sm90_d160_bf16_general, 160, Bf16, General, 128),
+            (flash_fwd_sm90_d192_f16_full, 192, F16, Full, 128),
+            (flash_fwd_sm90_d192_f16_causal, 192, F16, Causal, 128),
+            (flash_fwd_sm90_d192_f16_general, 192, F16, General, 128),
+            (flash_fwd_sm90_d192_bf16_full, 192, Bf16, Full, 128),
+            (flash_fwd_sm90_d192_bf16_causal, 192, Bf16, Causal, 128),
+            (flash_fwd_sm90_d192_bf16_general, 192, Bf16, General, 128),
+            (flash_fwd_sm90_d224_f16_full, 224, F16, Full, 128),
+            (flash_fwd_sm90_d224_f16_causal, 224, F16, Causal, 128),
+            (flash_fwd_sm90_d224_f16_general, 224, F16, General, 128),
+            (flash_fwd_sm90_d224_bf16_full, 224, Bf16, Full, 128),
+            (flash_fwd_sm90_d224_bf16_causal, 224, Bf16, Causal, 128),
+            (flash_fwd_sm90_d224_bf16_general, 224, Bf16, General, 128),
+            (flash_fwd_sm90_d256_f16_full, 256, F16, Full, 128),
+            (flash_fwd_sm90_d256_f16_causal, 256, F16, Causal, 128),
+            (flash_fwd_sm90_d256_f16_general, 256, F16, General, 128),
+            (flash_fwd_sm90_d256_bf16_full, 256, Bf16, Full, 128),
+            (flash_fwd_sm90_d256_bf16_causal, 256, Bf16, Causal, 128),
+            (flash_fwd_sm90_d256_bf16_general, 256, Bf16, General, 128),
         }
     };
 }
 
 /// The config of a row of the table; a missing one stops the build.
-pub const fn hopper_config_of(head_dim: u32) -> HopperConfig {
-    match hopper_config(head_dim) {
+pub const fn hopper_config_of(head_dim: u32, variant: Variant, block_m: u32) -> HopperConfig {
+    match hopper_config(head_dim, variant, block_m) {
         Some(config) => config,
         None => panic!("an sm_90a kernel of the table has no config"),
     }
 }
 
 macro_rules! hopper_table {
-    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident)),* $(,)?) => {
+    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident, $block_m:literal)),* $(,)?) => {
         /// Every sm_90a attention kernel.
         pub const HOPPER_KERNELS: &[HopperKernel] = &[$(HopperKernel {
             name: stringify!($name),
             head_dim: $head_dim,
             dtype: Dtype::$dtype,
             variant: Variant::$variant,
-            config: hopper_config_of($head_dim),
+            config: hopper_config_of($head_dim, Variant::$variant, $block_m),
         }),*];
     };
 }
 
 hopper_kernels!(hopper_table);
 
-/// The sm_90a kernel of `head_dim`, `dtype` and `variant`, if there is one.
-pub fn hopper_kernel(head_dim: u32, dtype: Dtype, variant: Variant) -> Option<&'static HopperKernel> {
-    HOPPER_KERNELS.iter().find(|k| k.head_dim == head_dim && k.dtype == dtype && k.variant == variant)
+/// The sm_90a kernel of `head_dim`, `dtype` and `variant` with tiles of
+/// `block_m` query rows, if there is one.
+pub fn hopper_kernel(head_dim: u32, dtype: Dtype, variant: Variant, block_m: u32) -> Option<&'static HopperKernel> {
+    HOPPER_KERNELS
+        .iter()
+        .find(|k| k.head_dim == head_dim && k.dtype == dtype && k.variant == variant && k.config.block_m() == block_m)
 }
 
 // The invariants of every row, checked as the crate builds.
@@ -336,7 +371,7 @@ const _: () = {
         assert!(matches!(k.variant, Variant::Full | Variant::Causal | Variant::General));
         // wgmma N of S (block_n) and of O (head_dim): what the primitives
         // implement; block_n is also P V's reduction, in k-steps of 16.
-        assert!(matches!(c.block_n, 64 | 96 | 128));
+        assert!(matches!(c.block_n, 64 | 80 | 96 | 128));
         assert!(matches!(c.head_dim, 64 | 96 | 128 | 160 | 192 | 224 | 256));
         assert!(c.head_dim.is_multiple_of(c.v_slab_columns()));
         assert!(c.smem_bytes() <= MAX_HOPPER_SMEM);
@@ -358,18 +393,42 @@ mod tests {
     extern crate std;
     use super::*;
     use std::format;
+    use std::string::String;
 
     #[test]
-    fn names_follow_head_dim_dtype_and_variant() {
+    fn names_follow_head_dim_dtype_variant_and_tile_rows() {
         for k in HOPPER_KERNELS {
-            assert_eq!(k.name, format!("flash_fwd_sm90_d{}_{}_{}", k.head_dim, k.dtype.name(), k.variant.suffix()));
-            assert_eq!(hopper_kernel(k.head_dim, k.dtype, k.variant), Some(k));
+            // Tiles of other than the long calls' rows are named by them.
+            let rows = k.config.block_m();
+            let tile =
+                if rows == hopper_block_m(k.head_dim, false, usize::MAX) { String::new() } else { format!("_m{rows}") };
+            let name = format!("flash_fwd_sm90_d{}_{}_{}{tile}", k.head_dim, k.dtype.name(), k.variant.suffix());
+            assert_eq!(k.name, name);
+            assert_eq!(hopper_kernel(k.head_dim, k.dtype, k.variant, rows), Some(k));
         }
     }
 
     #[test]
+    fn every_tile_height_the_rule_picks_has_a_kernel() {
+        for k in HOPPER_KERNELS {
+            for causal in [false, k.variant != Variant::Full] {
+                for seqlen_k in [0, 1, 1024, 1025, usize::MAX] {
+                    let rows = hopper_block_m(k.head_dim, causal, seqlen_k);
+                    assert!(hopper_kernel(k.head_dim, k.dtype, k.variant, rows).is_some(), "{} {seqlen_k}", k.name);
+                }
+            }
+        }
+        // d = 64's causal calls over at most 1024 keys take 128-row tiles.
+        let rows = |causal, seqlen_k| hopper_block_m(64, causal, seqlen_k);
+        assert_eq!(
+            [rows(true, 1024), rows(true, 1025), rows(false, 1024), hopper_block_m(128, true, 1)],
+            [128, 192, 192, 128]
+        );
+    }
+
+    #[test]
     fn d128_layout_is_q_then_two_stages_of_k_and_v() {
-        let l = hopper_config_of(128).layout();
+        let l = hopper_config_of(128, Variant::Full, 128).layout();
         assert_eq!((l.q, l.k, l.k_stage_bytes, l.v, l.v_stage_bytes), (0, 32768, 32768, 98304, 32768));
         assert_eq!(l.barriers, 163840);
     }
@@ -377,13 +436,14 @@ mod tests {
     #[test]
     fn head_dims_between_slabs_take_the_next_whole_slabs_for_q_and_k_only() {
         for (head_dim, tile_dim) in [(96, 128), (160, 192), (224, 256)] {
-            let (c, whole) = (hopper_config_of(head_dim), hopper_config_of(tile_dim));
+            let (c, whole) =
+                (hopper_config_of(head_dim, Variant::General, 128), hopper_config_of(tile_dim, Variant::General, 128));
             let (l, w) = (c.layout(), whole.layout());
             assert_eq!((c.tile_dim, l.k, l.k_stage_bytes, l.v), (tile_dim, w.k, w.k_stage_bytes, w.v));
             // V: the head dim's columns, in 32-column slabs.
             assert_eq!((c.v_slab_columns(), l.v_stage_bytes), (32, c.block_n * head_dim * 2));
         }
-        assert_eq!(hopper_config_of(192).v_slab_columns(), 64);
-        assert_eq!(hopper_config(32), None);
+        assert_eq!(hopper_config_of(192, Variant::Full, 128).v_slab_columns(), 64);
+        assert_eq!(hopper_config(32, Variant::Full, 128), None);
     }
 }

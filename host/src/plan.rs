@@ -12,7 +12,9 @@ use flash_attn_abi::backward::{
 use flash_attn_abi::config::MAX_ROW_STRIDE;
 use std::mem::offset_of;
 
-use flash_attn_abi::hopper::{hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, SLAB_COLUMNS};
+use flash_attn_abi::hopper::{
+    hopper_block_m, hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, SLAB_COLUMNS,
+};
 use flash_attn_abi::hopper_backward::{
     hopper_backward_kernel, HopperBackwardKernel, HopperBackwardParams, HopperBackwardScratch, HOPPER_BACKWARD_BLOCK_M,
 };
@@ -670,7 +672,9 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
     if !unsplit || call.append.is_some() || p.seqlen_q <= decode_rows || gqa_decode_applies(call) {
         return None;
     }
-    let kernel = hopper_kernel(u32::try_from(p.head_dim).ok()?, call.dtype, variant)?;
+    let head_dim = u32::try_from(p.head_dim).ok()?;
+    let block_m = hopper_block_m(head_dim, call.mask == Mask::Causal, p.seqlen_k);
+    let kernel = hopper_kernel(head_dim, call.dtype, variant, block_m)?;
     let block_n = kernel.config.block_n;
     let maps = [
         tma_map(call, &call.q, [q_rows[0], q_rows[1], p.heads_q], (SLAB_COLUMNS, kernel.config.block_m())),
@@ -954,6 +958,16 @@ mod tests {
         assert_eq!(hopper(&windowed).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
         let softcap = Call { softcap: Some(30.0), ..causal(dense.clone()) };
         assert_eq!(hopper(&softcap).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
+        // d = 64: 192-row tiles, but 128 rows for causal calls over at most
+        // 1024 keys, whose Q boxes follow (4 batches of 1000 rows, 8 heads).
+        let d64 = call(4, 1000, 1000, 8, 2, 64);
+        let planned = |c: &Call| sm90a(c).hopper.map(|h| (h.kernel.name, h.query_blocks, h.maps[0].box_dims[1]));
+        assert_eq!(planned(&d64), Some(("flash_fwd_sm90_d64_f16_full", 6, 192)));
+        assert_eq!(planned(&causal(d64.clone())), Some(("flash_fwd_sm90_d64_f16_causal_m128", 8, 128)));
+        let softcap_64 = Call { softcap: Some(30.0), ..causal(d64.clone()) };
+        assert_eq!(planned(&softcap_64), Some(("flash_fwd_sm90_d64_f16_general_m128", 8, 128)));
+        let long_64 = causal(call(4, 1000, 1025, 8, 2, 64));
+        assert_eq!(planned(&long_64), Some(("flash_fwd_sm90_d64_f16_causal", 6, 192)));
         // The maps: (head_dim, seqlen, heads, batch), byte strides, boxes of
         // 64 columns and the kernel's rows; k and v share their head.
         let launch = sm90a(&dense).hopper.unwrap();

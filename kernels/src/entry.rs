@@ -112,17 +112,17 @@ pub struct HostHopperKernel {
 }
 
 macro_rules! hopper_forward_kernels {
-    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident)),* $(,)?) => {
+    ($(($name:ident, $head_dim:literal, $dtype:ident, $variant:ident, $block_m:literal)),* $(,)?) => {
         $(
             #[cfg(all(target_arch = "nvptx64", feature = "attention-sm90a"))]
             #[no_mangle]
             pub unsafe extern "ptx-kernel" fn $name(params: HopperParams) {
-                hopper_forward_kernels!(@body $dtype, $head_dim, $variant, &params)
+                hopper_forward_kernels!(@body $dtype, $head_dim, $variant, $block_m, &params)
             }
 
             #[cfg(not(target_arch = "nvptx64"))]
             pub unsafe fn $name(params: &HopperParams) {
-                hopper_forward_kernels!(@body $dtype, $head_dim, $variant, params)
+                hopper_forward_kernels!(@body $dtype, $head_dim, $variant, $block_m, params)
             }
         )*
 
@@ -135,13 +135,13 @@ macro_rules! hopper_forward_kernels {
                 head_dim: $head_dim,
                 dtype: Dtype::$dtype,
                 variant: Variant::$variant,
-                config: hopper_config_of($head_dim),
+                config: hopper_config_of($head_dim, Variant::$variant, $block_m),
             },
             run: $name,
         }),*];
     };
-    (@body $dtype:ident, $head_dim:literal, $variant:ident, $params:expr) => {{
-        const C: HopperConfig = hopper_config_of($head_dim);
+    (@body $dtype:ident, $head_dim:literal, $variant:ident, $block_m:literal, $params:expr) => {{
+        const C: HopperConfig = hopper_config_of($head_dim, Variant::$variant, $block_m);
         const CAUSAL: bool = matches!(Variant::$variant, Variant::Causal);
         const GENERAL: bool = matches!(Variant::$variant, Variant::General);
         hopper_forward::<

@@ -12,6 +12,7 @@
 use flash_attn::pipeline::{validate, KernelFamily, OutputBuffers};
 use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
 use flash_attn::{AttentionParams, HOPPER_KERNELS};
+use flash_attn_abi::hopper::hopper_block_m;
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Dtype, Memory, Output, Reference, Tensor, POISON};
 
@@ -86,33 +87,48 @@ fn every_sm90a_kernel_matches_the_reference() {
     for (i, kernel) in HOPPER_KERNELS.iter().enumerate() {
         // Two query blocks of 128 or 192 rows (the second ends at row 250),
         // keys ending inside a block; causal with more keys than queries
-        // (bottom-right).
-        check(kernel.name, 1, 250, 300, 100 + i as u64);
+        // (bottom-right). d = 64's causal and general kernels come with two
+        // tile heights (`hopper_block_m`): the causal one of 192 rows over
+        // more than 1024 keys, the general one of 128 rows with the causal
+        // mask and no window.
+        let (d, rows, seed) = (kernel.head_dim, kernel.config.block_m(), 100 + i as u64);
+        match kernel.variant {
+            Variant::Causal if rows != hopper_block_m(d, true, 300) => check(kernel.name, 1, 250, 1100, seed),
+            Variant::General if rows != hopper_block_m(d, false, 300) => {
+                let params = AttentionParams { causal: true, softcap: Some(10.0), ..Default::default() };
+                check_with(kernel.name, 1, 250, 300, &params, seed, SM_COUNT);
+            }
+            _ => check(kernel.name, 1, 250, 300, seed),
+        }
     }
 }
 
 #[test]
 fn causal_rows_that_see_no_key_and_more_stages_than_blocks() {
     for dtype in [Dtype::F16, Dtype::Bf16] {
-        let name = if dtype == Dtype::F16 { "flash_fwd_sm90_d64_f16_causal" } else { "flash_fwd_sm90_d64_bf16_causal" };
+        let name = format!("flash_fwd_sm90_d64_{}_causal", dtype.name());
+        let short = format!("{name}_m128");
         // More queries than keys: the first 100 rows see no key (O = 0,
         // LSE = -inf). Then a key loop longer than the ring (5 blocks of
         // 128 over 2 stages) across two batches.
-        check(name, 1, 140, 40, 1);
-        check(name, 2, 40, 600, 2);
+        check(&short, 1, 140, 40, 1);
+        check(&short, 2, 40, 600, 2);
         let full = name.replace("causal", "full");
         check(&full, 2, 40, 600, 3);
+        // The 192-row tiles over more than 1024 keys: rows below 100 see
+        // none, then 9 blocks.
+        check(&name, 1, 1125, 1025, 4);
     }
 }
 
 #[test]
 fn one_block_takes_every_tile() {
-    // One SM: a single block takes every tile (3 query blocks of 128 rows
-    // or 2 of 192, 2 heads), causal ones from the last query block, past
+    // One SM: a single block takes every tile (3 query blocks of 128 rows,
+    // 2 heads), causal ones from the last query block, past
     // tiles whose rows see no key (more queries than keys: rows below 260
     // see none).
-    for (name, seed) in [("flash_fwd_sm90_d64_f16_causal", 5), ("flash_fwd_sm90_d128_bf16_full", 6)] {
-        let causal = name.ends_with("causal");
+    for (name, seed) in [("flash_fwd_sm90_d64_f16_causal_m128", 5), ("flash_fwd_sm90_d128_bf16_full", 6)] {
+        let causal = name.contains("_causal");
         let params = AttentionParams { causal, ..Default::default() };
         check_with(name, 1, 300, 40, &params, seed, 1);
         check_with(name, 1, 300, 300, &params, seed + 1, 1);
@@ -132,8 +148,10 @@ fn general_kernels_take_windows_and_softcap() {
         check_with(name, 1, 150, 300, &windowed, seed, SM_COUNT);
         let left = AttentionParams { causal: true, window: (Some(200), None), ..Default::default() };
         check_with(name, 1, 150, 400, &left, seed + 1, SM_COUNT);
+        // d = 64 takes its 128-row tiles for a short causal call.
+        let short_causal = if name.contains("_d64_") { format!("{name}_m128") } else { name.to_string() };
         let softcap = AttentionParams { softcap: Some(5.0), causal: true, ..Default::default() };
-        check_with(name, 2, 140, 200, &softcap, seed + 2, SM_COUNT);
+        check_with(&short_causal, 2, 140, 200, &softcap, seed + 2, SM_COUNT);
     }
 }
 
@@ -178,6 +196,7 @@ fn check_alibi(name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed:
 
 #[test]
 fn general_kernels_take_alibi() {
-    check_alibi("flash_fwd_sm90_d64_bf16_general", 2, 150, 260, 300);
+    check_alibi("flash_fwd_sm90_d64_bf16_general_m128", 2, 150, 260, 300);
+    check_alibi("flash_fwd_sm90_d64_f16_general", 1, 150, 1100, 305);
     check_alibi("flash_fwd_sm90_d128_f16_general", 1, 200, 130, 310);
 }

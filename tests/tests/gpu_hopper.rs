@@ -12,6 +12,8 @@ use flash_attn::cust::context::CurrentContext;
 use flash_attn::cust::device::DeviceAttribute;
 use flash_attn::pipeline::{plan_for, validate, KernelFamily, OutputBuffers};
 use flash_attn::{AttentionKernel, Element, FlashAttention, HOPPER_KERNELS};
+use flash_attn_abi::hopper::hopper_block_m;
+use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
     check_with, f16_and_bf16_tests, gpu, launch_with, left_out_of_this_run, random_inputs, skipped, Case, Modifiers,
@@ -88,18 +90,33 @@ fn run<T: TestElement>(test: &str) {
     let mut rng = rand::thread_rng();
     let dtype = <T as Element>::DTYPE;
     for kernel in HOPPER_KERNELS.iter().filter(|k| k.dtype == dtype) {
-        let causal = kernel.name.ends_with("_causal");
-        let general = kernel.name.ends_with("_general");
-        for (i, mut case) in cases(kernel.head_dim as usize, causal).into_iter().enumerate() {
-            // The general kernel: windows on one or both sides, a softcap,
-            // alone and with the causal mask.
-            let modifiers = match (general, i % 3) {
-                (false, _) => Modifiers::default(),
-                (true, 0) => Modifiers { window: (Some(100), Some(40)), softcap: None },
-                (true, 1) => Modifiers { window: (None, None), softcap: Some(6.0) },
-                (true, _) => Modifiers { window: (Some(300), None), softcap: Some(20.0) },
-            };
-            case.causal |= general && i % 2 == 1;
+        let (d, rows) = (kernel.head_dim, kernel.config.block_m());
+        let general = kernel.variant == Variant::General;
+        // d = 64's causal and general kernels come with two tile heights:
+        // 128 rows for causal calls over at most 1024 keys, else 192.
+        let short_causal = rows != hopper_block_m(d, false, usize::MAX);
+        let cases: Vec<_> = cases(d as usize, kernel.variant == Variant::Causal)
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut case)| {
+                // The general kernel: windows on one or both sides, a
+                // softcap, alone and with the causal mask.
+                let modifiers = match (general, short_causal, i % 3) {
+                    (false, ..) => Modifiers::default(),
+                    (true, true, _) | (true, false, 1) => Modifiers { window: (None, None), softcap: Some(6.0) },
+                    (true, false, 0) => Modifiers { window: (Some(100), Some(40)), softcap: None },
+                    (true, false, _) => Modifiers { window: (Some(300), None), softcap: Some(20.0) },
+                };
+                case.causal |= general && (short_causal || i % 2 == 1);
+                (case, modifiers)
+            })
+            .filter(|(case, modifiers)| {
+                let causal_mask = case.causal && modifiers.window == (None, None);
+                hopper_block_m(d, causal_mask, case.seqlen_k) == rows
+            })
+            .collect();
+        assert!(cases.len() >= 2, "{}: {} cases", kernel.name, cases.len());
+        for (case, modifiers) in cases {
             let planned = planned_kernel::<T>(&case, modifiers);
             assert_eq!(planned, kernel.name, "{case:?} {modifiers:?}: planned for another kernel");
             if left_out_of_this_run(test, &case, case.batch * case.heads_q * case.seqlen_q * case.seqlen_k) {

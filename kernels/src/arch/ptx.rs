@@ -814,6 +814,9 @@ pub fn wgmma_fence_operand<const R: usize>(acc: &mut WgmmaAccumulator<R>) {
             32 => {
                 fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31])
             }
+            40 => {
+                fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39])
+            }
             48 => {
                 fence_operand_n!(regs, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47])
             }
@@ -859,8 +862,8 @@ macro_rules! wgmma {
         /// A is K-major when `TRANS_A` is 0 and MN-major (M contiguous) when
         /// 1, B K-major when `TRANS_B` is 0 and MN-major when 1.
         /// `D = A * B + D`, or `D = A * B` when `scale_d` is false. `R` is
-        /// `N / 2`: 16, 32, 48, 64, 80, 96, 112 or 128 (N = 32, 64, 96, 128,
-        /// 160, 192, 224, 256).
+        /// `N / 2`: 16, 32, 40, 48, 64, 80, 96, 112 or 128 (N = 32, 64, 80,
+        /// 96, 128, 160, 192, 224, 256).
         #[inline(always)]
         pub fn $ss<const R: usize, const TRANS_A: u32, const TRANS_B: u32>(
             acc: &mut WgmmaAccumulator<R>,
@@ -881,6 +884,11 @@ macro_rules! wgmma {
                     }
                     32 => {
                         wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+                            a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
+                            ta = const TRANS_A, tb = const TRANS_B, options(nostack));
+                    }
+                    40 => {
+                        wgmma_n!(regs, "{a}, {b}, p, 1, 1, {ta}, {tb};", "80", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39],
                             a = in(reg64) a_desc, b = in(reg64) b_desc, scale_d = in(reg32) scale_d,
                             ta = const TRANS_A, tb = const TRANS_B, options(nostack));
                     }
@@ -940,6 +948,11 @@ macro_rules! wgmma {
                     }
                     32 => {
                         wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "64", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31],
+                            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                            b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
+                    }
+                    40 => {
+                        wgmma_n!(regs, "{{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, {tb};", "80", $ty, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39],
                             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
                             b = in(reg64) b_desc, scale_d = in(reg32) scale_d, tb = const TRANS_B, options(nostack));
                     }

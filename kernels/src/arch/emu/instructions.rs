@@ -931,6 +931,7 @@ fn wgmma_name(r: usize, ty: HalfType) -> Option<&'static str> {
     Some(match (r, ty) {
         (16, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16",
         (32, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+        (40, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16",
         (48, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16",
         (64, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
         (80, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16",
@@ -939,6 +940,7 @@ fn wgmma_name(r: usize, ty: HalfType) -> Option<&'static str> {
         (128, HalfType::F16) => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16",
         (16, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16",
         (32, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
+        (40, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16",
         (48, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16",
         (64, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
         (80, HalfType::Bf16) => "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16",
