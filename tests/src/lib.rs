@@ -382,6 +382,13 @@ pub fn random_values<T: TestElement>(rng: &mut impl Rng, n: usize) -> (Vec<T>, V
     (values, dense)
 }
 
+/// Sequence `b`'s rows of a packed `[total, heads, d]` tensor whose
+/// sequences start at `offsets` (`cu_seqlens`, one more than sequences).
+pub fn sequence_rows<'a, E>(x: &'a [E], offsets: &[i32], b: usize, heads: usize, d: usize) -> &'a [E] {
+    let row = heads * d;
+    &x[offsets[b] as usize * row..offsets[b + 1] as usize * row]
+}
+
 /// A device copy of `values`.
 pub fn upload<T: flash_attn::cust::memory::DeviceCopy>(values: &[T]) -> DeviceBuffer<T> {
     DeviceBuffer::from_slice(values).expect("upload")

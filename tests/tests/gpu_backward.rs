@@ -24,8 +24,8 @@ use flash_attn::{
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
-    download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor, random_values, skipped,
-    span, upload, Placement, TestElement,
+    download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned, random_tensor, random_values,
+    sequence_rows, skipped, span, upload, Placement, TestElement,
 };
 
 /// One backward case: sizes, layout, mask and score modifiers.
@@ -397,31 +397,17 @@ fn run_packed<T: TestElement>(test: &str) {
                 )
                 .unwrap_or_else(|e| panic!("{what}: backward refused: {e}"));
             stream.synchronize().unwrap_or_else(|e| panic!("{what}: kernel failed: {e}"));
-            let [d_q, d_k, d_v] = [&d_q, &d_k, &d_v].map(|t| download(t));
+            let [d_q, d_k, d_v] =
+                [&d_q, &d_k, &d_v].map(|t| download(t).iter().map(|x| x.to_f64()).collect::<Vec<_>>());
             let (mut errors, mut norms) = ([0f64; 3], [0f64; 3]);
             for (b, &(sq, sk)) in PACKED.iter().enumerate() {
-                let (q0, k0) = (cu_q.offsets()[b] as usize, cu_k.offsets()[b] as usize);
-                let rows =
-                    |x: &[f64], first: usize, n: usize, heads: usize| x[first * heads * d..][..n * heads * d].to_vec();
+                let q_rows = |x| sequence_rows(x, cu_q.offsets(), b, hq, d);
+                let k_rows = |x| sequence_rows(x, cu_k.offsets(), b, hk, d);
                 let p = ReferenceProblem::dense(1, sq, sk, hq, hk, d, causal, 1.0 / (d as f64).sqrt());
-                let want = attention_backward(
-                    &p,
-                    None,
-                    &rows(&q64, q0, sq, hq),
-                    &rows(&k64, k0, sk, hk),
-                    &rows(&v64, k0, sk, hk),
-                    &rows(&d_o64, q0, sq, hq),
-                );
-                let got = |t: &[T], first: usize, n: usize, heads: usize| -> Vec<f64> {
-                    t[first * heads * d..][..n * heads * d].iter().map(|x| x.to_f64()).collect()
-                };
-                for (i, (got, want)) in [
-                    (got(&d_q, q0, sq, hq), &want.dq),
-                    (got(&d_k, k0, sk, hk), &want.dk),
-                    (got(&d_v, k0, sk, hk), &want.dv),
-                ]
-                .into_iter()
-                .enumerate()
+                let want = attention_backward(&p, None, q_rows(&q64), k_rows(&k64), k_rows(&v64), q_rows(&d_o64));
+                for (i, (got, want)) in [(q_rows(&d_q), &want.dq), (k_rows(&d_k), &want.dk), (k_rows(&d_v), &want.dv)]
+                    .into_iter()
+                    .enumerate()
                 {
                     assert!(got.iter().all(|x| x.is_finite()), "{what}: sequence {b}: NaN (not written?) or inf");
                     errors[i] += got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum::<f64>();

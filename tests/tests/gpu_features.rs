@@ -17,7 +17,7 @@ use flash_attn::{
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
     check_against, computed_scores, download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned,
-    random_tensor, random_values, upload, CaseResult, HostTensor, Placement, TestElement,
+    random_tensor, random_values, sequence_rows, upload, CaseResult, HostTensor, Placement, TestElement,
 };
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -405,15 +405,15 @@ fn run_varlen<T: TestElement>(test: &str, attention: &FlashAttention, case: &Var
             continue;
         }
         let p = case.features.reference(1, q1 - q0, k1 - k0, case.heads, d);
-        let rows = |x: &[f64], from: usize, to: usize, heads: usize| x[from * heads * d..to * heads * d].to_vec();
+        let k_rows = |x| sequence_rows(x, cu_k.offsets(), b, hkv, d);
         let expected = attention_with_alibi(
             &p,
             slopes_of(&reference_slopes, b, hq),
-            &rows(&q_dense, q0, q1, hq),
-            &rows(&k_dense, k0, k1, hkv),
-            &rows(&v_dense, k0, k1, hkv),
+            sequence_rows(&q_dense, cu_q.offsets(), b, hq, d),
+            k_rows(&k_dense),
+            k_rows(&v_dense),
         );
-        let o_b: Vec<f64> = o[q0 * hq * d..q1 * hq * d].iter().map(|x| x.to_f64()).collect();
+        let o_b: Vec<f64> = sequence_rows(&o, cu_q.offsets(), b, hq, d).iter().map(|x| x.to_f64()).collect();
         // LSE [heads_q, total_q] -> this sequence's [1, heads_q, rows].
         let lse_b: Vec<f32> = (0..hq).flat_map(|h| lse[h * total_q + q0..h * total_q + q1].to_vec()).collect();
         let r = check_against::<T>(&format!("{case:?} sequence {b}"), &o_b, &lse_b, &expected);
