@@ -59,13 +59,22 @@ pub struct HopperBackwardSmem {
     pub q: u32,
     pub d_o: u32,
     pub stage_bytes: u32,
-    /// P of a step, rounded, two slabs of 64 rows (queries) of 64 keys, 8192
-    /// bytes apart: one per consumer (its keys), or where the consumers
-    /// split the head dim, the block's keys in two buffers (steps
-    /// alternate: both consumers read both halves).
+    /// Where the consumers split the head dim, P of a step, rounded, two
+    /// slabs of 64 rows (queries) of 64 keys, 8192 bytes apart: the block's
+    /// keys in two buffers (steps alternate: both consumers read both
+    /// halves). Empty below: there the consumers hold P^T in registers.
     pub p: u32,
-    /// dS of a step, rounded, in two buffers (steps alternate): 64 rows of
-    /// the block's keys, 64 keys a slab; buffer `b` at `d_s + b * d_s_bytes`.
+    /// Below the split ([`HopperBackwardConfig::transposes_scores`]), the
+    /// LSE (log2) and delta of a step's 64 rows, f32, for each consumer in
+    /// two buffers (steps alternate): consumer `c`'s buffer `b` at
+    /// `row_stats + 1024 c + 512 b`, delta 256 bytes after the LSE. Empty
+    /// where the consumers split the head dim.
+    pub row_stats: u32,
+    /// dS of a step, rounded, in two buffers (steps alternate): 64 keys a
+    /// slab, one slab per consumer; buffer `b` at `d_s + b * d_s_bytes`.
+    /// Where the consumers split the head dim, 64 rows (queries) of the
+    /// block's keys; below, dS^T: 64 rows of the consumer's keys of the
+    /// step's 64 query rows.
     pub d_s: u32,
     pub d_s_bytes: u32,
     /// A step's dQ, f32, [`HopperBackwardConfig::dq_partials`] of them
@@ -111,6 +120,19 @@ impl HopperBackwardConfig {
         } else {
             (40, 232)
         }
+    }
+
+    /// Whether the consumers compute the transposed scores, `S^T = K Q^T`
+    /// and `dP^T = V dO^T` with their 64 keys as the `wgmma` M (up to d =
+    /// 128, as FlashAttention-3's backward): P^T and dS^T are then the A
+    /// fragments of `dV += P^T dO` and `dK += dS^T Q` from registers, and
+    /// only dS^T goes through shared memory (for dQ), where with the query
+    /// rows as M both P and dS did and both key gradients read them back
+    /// as A. Where the consumers split the head dim, each computes 32 keys'
+    /// scores but every key's gradients, so the transposed fragments would
+    /// be another consumer's.
+    pub const fn transposes_scores(&self) -> bool {
+        !self.splits_head_dim()
     }
 
     /// Whether the consumers split the head dim (d > 128): a consumer's dK
@@ -278,14 +300,35 @@ impl HopperBackwardConfig {
         let stage_bytes = HOPPER_BACKWARD_BLOCK_M * row;
         let d_o = q + HOPPER_BACKWARD_STAGES * stage_bytes;
         let p = d_o + self.d_o_stages() * stage_bytes;
-        let d_s = p + HOPPER_BACKWARD_CONSUMERS * HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
+        let (p_bytes, row_stats_bytes) = if self.transposes_scores() {
+            (0, HOPPER_BACKWARD_CONSUMERS * 2 * 2 * HOPPER_BACKWARD_BLOCK_M * 4)
+        } else {
+            (HOPPER_BACKWARD_CONSUMERS * HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES, 0)
+        };
+        let row_stats = p + p_bytes;
+        let d_s = row_stats + row_stats_bytes;
         let d_s_bytes = HOPPER_BACKWARD_BLOCK_M * block_n * 2;
         let d_q = d_s + 2 * d_s_bytes;
         let d_q_bytes = HOPPER_BACKWARD_BLOCK_M * self.dq_pitch();
         let d_q_rows = d_q + self.dq_partials() * d_q_bytes;
         let barriers = d_q_rows + 2 * 16;
         let end = barriers + 8 * HOPPER_BACKWARD_BARRIERS;
-        HopperBackwardSmem { k, v, q, d_o, stage_bytes, p, d_s, d_s_bytes, d_q, d_q_bytes, d_q_rows, barriers, end }
+        HopperBackwardSmem {
+            k,
+            v,
+            q,
+            d_o,
+            stage_bytes,
+            p,
+            row_stats,
+            d_s,
+            d_s_bytes,
+            d_q,
+            d_q_bytes,
+            d_q_rows,
+            barriers,
+            end,
+        }
     }
 
     /// Dynamic shared memory: the layout plus what aligning its base may take.
@@ -456,12 +499,14 @@ mod tests {
     }
 
     #[test]
-    fn d128_layout_is_k_v_two_stages_of_q_and_do_then_p_two_ds_and_dq() {
+    fn d128_layout_is_k_v_two_stages_of_q_and_do_then_row_stats_two_ds_and_dq() {
         let l = hopper_backward_config_of(128).layout();
         assert_eq!((l.k, l.v, l.q, l.d_o, l.stage_bytes), (0, 32768, 65536, 98304, 16384));
-        assert_eq!((l.p, l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (131072, 147456, 16384, 180224, 64 * 544));
-        assert_eq!((l.d_q_rows, l.barriers), (180224 + 34816, 180224 + 34816 + 32));
-        assert_eq!(hopper_backward_config_of(128).smem_bytes(), 215040 + 32 + 104 + 1024);
+        // No P: the consumers hold P^T in registers.
+        assert_eq!((l.p, l.row_stats, l.d_s, l.d_s_bytes), (131072, 131072, 133120, 16384));
+        assert_eq!((l.d_q, l.d_q_bytes), (165888, 64 * 544));
+        assert_eq!((l.d_q_rows, l.barriers), (165888 + 34816, 165888 + 34816 + 32));
+        assert_eq!(hopper_backward_config_of(128).smem_bytes(), 200704 + 32 + 104 + 1024);
         // d = 64: a dQ buffer per consumer.
         let l = hopper_backward_config_of(64).layout();
         assert_eq!((l.d_q_bytes, l.d_q_rows - l.d_q), (64 * 288, 2 * 64 * 288));
@@ -470,7 +515,7 @@ mod tests {
         assert_eq!((c.slab_columns(), c.dq_columns(), c.dq_partials()), (32, 96, 2));
         let l = c.layout();
         assert_eq!((l.v, l.q, l.d_o, l.stage_bytes, l.p), (24576, 49152, 73728, 12288, 98304));
-        assert_eq!((l.d_q, l.d_q_bytes), (98304 + 16384 + 32768, 64 * 416));
+        assert_eq!((l.d_q, l.d_q_bytes), (98304 + 2048 + 32768, 64 * 416));
     }
 
     #[test]

@@ -221,6 +221,7 @@ macro_rules! hopper_backward_entry_points {
             { C.registers().1 },
             { C.score_keys() as usize / 2 },
             { C.score_keys() as usize / 8 },
+            { C.score_keys() as usize / 16 },
             { C.gradient_columns() as usize / 2 },
             { C.gradient_columns() as usize / 8 },
             { C.dq_columns() as usize / 2 },

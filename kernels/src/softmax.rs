@@ -274,6 +274,35 @@ impl ScoreMask {
     }
 }
 
+/// The dense causal mask on transposed scores (`S^T`, the sm_90a
+/// backward's: a warp's 16 rows are keys from `first_key`, its columns
+/// query rows from `first_row`): -inf where `key - row > diagonal`, as
+/// [`ScoreMask::apply_causal`] with the roles of the fragment's rows and
+/// columns swapped.
+#[inline(always)]
+pub fn mask_causal_transposed<const N_TILES: usize>(
+    s: &mut Accumulators<1, N_TILES>,
+    first_key: i32,
+    first_row: i32,
+    diagonal: i32,
+    lane: u32,
+) {
+    let lane_key = first_key + (lane / 4) as i32;
+    let lane_row = first_row + 2 * (lane % 4) as i32;
+    let lane_past_diagonal = lane_key - lane_row - diagonal;
+    for half in 0..2 {
+        let key_offset = (half * 8) as i32;
+        for (n, tile) in s[0].iter_mut().enumerate() {
+            for c in 0..2 {
+                let row_offset = (n * 8 + c) as i32;
+                if lane_past_diagonal > row_offset - key_offset {
+                    tile[2 * half + c] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
 /// The score modifiers of the general kernels, softcap and ALiBi. When
 /// either is on, the scores become logits in log2 units before the softmax
 /// (which then takes a scale of 1): `c log2(e) tanh(scale s / c)` with

@@ -324,6 +324,22 @@ pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
     value
 }
 
+/// `ld.shared.v2.b32`.
+///
+/// # Safety
+/// `addr` must be an 8-byte aligned shared address of the block.
+#[inline(always)]
+pub unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
+    let (r0, r1): (u32, u32);
+    asm!(
+        "ld.shared.v2.b32 {{{0}, {1}}}, [{a}];",
+        out(reg32) r0, out(reg32) r1,
+        a = in(reg32) addr,
+        options(nostack, readonly)
+    );
+    [r0, r1]
+}
+
 /// `ld.shared.v4.b32`.
 ///
 /// # Safety

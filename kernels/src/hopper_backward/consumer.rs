@@ -1,40 +1,35 @@
-//! A consumer warpgroup of the sm_90a backward, through every query step of
-//! every query head of the group: up to d = 128, 64 keys of the block;
-//! above it (the consumers split the head dim), half the columns of the
-//! block's 64 keys' gradients.
+//! A consumer warpgroup of the sm_90a backward up to d = 128, through every
+//! query step of every query head of the group: 64 keys of the block, all
+//! of their columns. (Above d = 128 the consumers split the head dim:
+//! [`super::split_consumer`].)
 //!
-//! Per step (64 query rows, Q and dO in their rings' stages):
+//! It computes the scores transposed, its 64 keys as the `wgmma` M, as
+//! FlashAttention-3's backward: the probabilities and their gradients are
+//! then in registers in the layout the key gradients take as A. Per step
+//! (64 query rows, Q and dO in their rings' stages):
 //!
-//! 1. `S = Q K^T` and `dP = dO V^T` for the consumer's score keys (64, or
-//!    32 where the consumers split the head dim) (`wgmma` SS, a group
-//!    each), the rows' LSE and delta read meanwhile;
-//! 2. `P = exp2(S log2(e) scale - LSE log2(e))` with the causal mask
-//!    while dP is computed, then `dS = P (dP - delta)`, both rounded and
-//!    stored to shared memory (P, where
-//!    a consumer has one buffer of it, once every warp of the consumer is
-//!    past the last step's products) as 64-key rows (the accumulator fragment's own layout: a lane's two
-//!    neighbouring keys are one 4-byte store);
-//! 3. once every warp that reads them has stored (a named barrier: both
-//!    consumers where dQ or the gradients read both consumers' stores),
-//!    `dV += P^T dO` and `dK += dS^T Q` (A transposed from shared memory)
-//!    and the consumer's part of `dQ = dS K`: one group, or where the
-//!    consumers split the head dim, three: dQ's, dV's and dK's;
+//! 1. `S^T = K Q^T` and `dP^T = V dO^T` (`wgmma` SS, a group each), while
+//!    the warpgroup puts the rows' LSE and delta in shared memory (each
+//!    lane's fragment holds 16 query rows, which it reads from there);
+//! 2. `P^T = exp2(S^T log2(e) scale - LSE log2(e))` with the causal mask,
+//!    then `dS^T = P^T (dP^T - delta)`, both rounded to A fragments;
+//! 3. `dV += P^T dO` and `dK += dS^T Q` (`wgmma` RS) while dS^T goes to
+//!    shared memory, then, once every warp that reads it has stored (a
+//!    named barrier: both consumers at d = 128, where each consumer's dQ
+//!    takes half the columns over both consumers' keys), the consumer's
+//!    part of `dQ = dS K` (dS^T as the transposed A), all in one group;
 //! 4. store dQ to shared memory (once the buffer's last turn has been
-//!    read; where the consumers split the head dim, while dV and dK are
-//!    still being computed), where the producer warpgroup's other warps
-//!    add it to the f32 accumulator; then release dO's stage (where the
-//!    consumers split the head dim, once dV is computed) and Q's.
+//!    read), where the producer warpgroup's other warps add it to the f32
+//!    accumulator; then release dO's stage and Q's.
 //!
 //! At the end dK (times the softmax scale) and dV of the consumer's keys
-//! and columns are stored. The `wgmma` accumulator fragment is the
-//! `mma.sync` C fragment over n8-tiles (a warp's 16 rows, a lane's rows
-//! `lane / 4` and `lane / 4 + 8`, two neighbouring columns per tile).
+//! are stored. The `wgmma` accumulator fragment is the `mma.sync` C
+//! fragment over n8-tiles (a warp's 16 rows, a lane's rows `lane / 4` and
+//! `lane / 4 + 8`, two neighbouring columns per tile).
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SLAB_ROW_BYTES, WARPGROUP_THREADS};
-use flash_attn_abi::hopper_backward::{
-    hopper_backward_config_of, HopperBackwardConfig, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_STAGES,
-};
+use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_STAGES};
 
 use super::smem::Smem;
 use super::{stage_of, KeyBlock};
@@ -42,16 +37,16 @@ use crate::arch::{self, WgmmaAccumulator};
 use crate::backward::BatchRows;
 use crate::element::Element;
 use crate::hopper::consumer::as_tiles;
-use crate::softmax::ScoreMask;
+use crate::mma::probabilities_as_a;
+use crate::softmax::mask_causal_transposed;
 
-/// Waits until every warp that reads consumer `consumer`'s stores of P and
-/// dS has stored: a named barrier of both consumers where dQ reads both
-/// halves of dS (d = 128 and where they split the head dim, whose
-/// gradients read P too), else one per consumer (0 is the block's
-/// `bar.sync 0`). The ids are constants: ptxas counts the barriers a
-/// kernel uses from them.
+/// Waits until every warp that reads consumer `consumer`'s stores of dS
+/// (and where the consumers split the head dim, of P) has stored: a named
+/// barrier of both consumers where dQ reads both consumers' dS (d = 128
+/// and above), else one per consumer (0 is the block's `bar.sync 0`). The
+/// ids are constants: ptxas counts the barriers a kernel uses from them.
 #[inline(always)]
-fn sync_stores<const D: usize>(consumer: u32) {
+pub(super) fn sync_stores<const D: usize>(consumer: u32) {
     if shared_d_s::<D>() {
         arch::named_barrier_sync(1, 2 * WARPGROUP_THREADS);
     } else if consumer == 0 {
@@ -61,13 +56,13 @@ fn sync_stores<const D: usize>(consumer: u32) {
     }
 }
 
-/// Waits until every warp of consumer `consumer` is past the last step's
-/// `wgmma`s, which read its P (one buffer, unlike dS): a named barrier of
-/// the warpgroup (ids 3 and 4, after [`sync_stores`]'s), before it stores
-/// the next step's. A warp's `wgmma.wait_group` covers its own part of a
-/// product only.
+/// Waits until every warp of consumer `consumer` has stored its part of
+/// the step's LSE and delta: a named barrier of the warpgroup (ids 3 and
+/// 4, after [`sync_stores`]'s). Their buffers alternate, so a warp that
+/// stores the next step's has passed this step's barrier only once every
+/// warp has read the last step's.
 #[inline(always)]
-fn sync_p_readers(consumer: u32) {
+fn sync_row_stats(consumer: u32) {
     if consumer == 0 {
         arch::named_barrier_sync(3, WARPGROUP_THREADS);
     } else {
@@ -79,16 +74,18 @@ fn sync_p_readers(consumer: u32) {
 /// each takes half the columns over all keys) or its own (d = 32, 64 and
 /// 96).
 #[inline(always)]
-const fn shared_d_s<const D: usize>() -> bool {
+pub(super) const fn shared_d_s<const D: usize>() -> bool {
     let c = hopper_backward_config_of(D as u32);
     c.dq_columns() < c.tile_dim()
 }
 
 /// Computes consumer `consumer`'s keys' dK and dV over every step and adds
-/// its part of each step's dQ.
+/// its part of each step's dQ. `S_STEPS` is the k16-steps of its S^T's
+/// query rows (as A of the key gradients).
 ///
 /// # Safety
-/// As [`super::hopper_backward`]; both consumer warpgroups call it.
+/// As [`super::hopper_backward`]; both consumer warpgroups call it, up to
+/// d = 128.
 #[inline(always)]
 pub unsafe fn compute_keys<
     E: Element,
@@ -96,6 +93,7 @@ pub unsafe fn compute_keys<
     const CAUSAL: bool,
     const S_REGS: usize,
     const S_TILES: usize,
+    const S_STEPS: usize,
     const DV_REGS: usize,
     const DV_TILES: usize,
     const DQ_REGS: usize,
@@ -105,28 +103,34 @@ pub unsafe fn compute_keys<
     smem: &Smem<D>,
     consumer: u32,
 ) {
-    let config: HopperBackwardConfig = const { hopper_backward_config_of(D as u32) };
-    let split = config.splits_head_dim();
+    let config = const { hopper_backward_config_of(D as u32) };
+    const { assert!(S_STEPS * 2 == S_TILES) }
     let f = &p.forward;
     let b = KeyBlock::of::<D>(p, CAUSAL);
     let rows = BatchRows::of(f, b.batch);
-    // The consumer's score keys from the block's first, and the keys and
-    // columns of its gradients: its 64 keys' every column, or where the
-    // consumers split the head dim, the block's keys' half of the columns.
-    let score_key = config.score_keys() * consumer;
+    let score_key = CONSUMER_ROWS * consumer;
     let first_key = b.first_key + score_key;
-    let (gradient_key, gradient_column) =
-        if split { (0, config.gradient_columns() * consumer) } else { (CONSUMER_ROWS * consumer, 0) };
-    let lse_scale = core::f32::consts::LOG2_E;
-    let dq_columns = config.dq_columns();
-    let (dq_first_column, dq_keys) =
-        if shared_d_s::<D>() { (dq_columns * consumer, 0..config.block_n()) } else { (0, 0..CONSUMER_ROWS) };
-    let dq_key_offset = if shared_d_s::<D>() { 0 } else { CONSUMER_ROWS * consumer };
+    // dQ: half the columns over the block's keys (d = 128), or every
+    // column over the consumer's own (keys from `dq_key_offset`; the count
+    // a constant, so that the loop unrolls).
+    let (dq_first_column, dq_key_offset) =
+        if shared_d_s::<D>() { (config.dq_columns() * consumer, 0) } else { (0, score_key) };
+    let dq_keys = const {
+        if shared_d_s::<D>() {
+            hopper_backward_config_of(D as u32).block_n()
+        } else {
+            CONSUMER_ROWS
+        }
+    };
 
     let mut d_v = WgmmaAccumulator::<DV_REGS>::new([0.0; DV_REGS]);
     let mut d_k = WgmmaAccumulator::<DV_REGS>::new([0.0; DV_REGS]);
     arch::mbarrier_wait_parity(smem.kv_full(), 0);
     let heads_per_kv = f.heads_per_kv;
+    let last_head = (b.kv_head + 1) * heads_per_kv - 1;
+    // The thread's one row statistic of each step, loaded a step ahead
+    // (an L2 round trip would otherwise stall the step's start).
+    let mut stat = RowStat::load(p, &rows, b.kv_head * heads_per_kv, b.first_step, b.end_step);
     let mut n = 0;
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
@@ -134,209 +138,220 @@ pub unsafe fn compute_keys<
             let (stage, parity) = stage_of(n, HOPPER_BACKWARD_STAGES);
             let (d_o_stage, d_o_parity) = stage_of(n, Smem::<D>::D_O_STAGES);
             let buffer = n % 2;
-            // Where the consumer's P and dS go: P its own slab, or where
-            // both consumers' gradients read it, the step's buffer; dS the
-            // step's buffer, one slab per consumer or the block's 64 keys
-            // in one, the consumer's from column `score_column` on.
-            let (p_slab, d_s_slab, score_column) = if split { (buffer, 0, score_key) } else { (consumer, consumer, 0) };
             // Re-derived each step rather than held through it (registers).
             let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
             let (warp, lane) = (thread / 32, thread % 32);
             let first_row = step * HOPPER_BACKWARD_BLOCK_M;
-            let warp_row = first_row + 16 * warp + lane / 4;
-            // The two rows' LSE (log2, +inf for a row past seqlen_q or one
-            // that sees no key: its P is 0) and delta.
-            let mut lse = [f32::INFINITY; 2];
-            let mut delta = [0.0; 2];
-            for half in 0..2 {
-                let row = warp_row + 8 * half as u32;
-                if row < rows.seqlen_q {
-                    let at = rows.lse_index(f, head, row) as isize;
-                    let l = arch::ld_global_f32(f.lse.offset(at));
-                    lse[half] = if l == f32::NEG_INFINITY { f32::INFINITY } else { l * lse_scale };
-                    delta[half] = arch::ld_global_f32(p.delta.offset(at));
-                }
+            if consumer == 0 && thread == 0 {
+                announce_d_q_rows::<D>(smem, &rows, f, head, first_row, n);
             }
 
-            // Where the step's dQ goes, for the warps that add it. They
-            // read it once this step's first turn is in (consumer 0 arrives
-            // at it after this store); they last read the slot two steps
-            // back, before freeing the buffer for the last step's first
-            // turn, which consumer 0 waited for.
-            if consumer == 0 && thread == 0 {
-                let first = rows.lse_index(f, head, first_row) as u64;
-                let at = smem.d_q_rows(n % 2);
-                arch::st_shared_v2(at, [first as u32, (first >> 32) as u32]);
-                // The slot's last word is padding, stored so that the
-                // adders' one 16-byte load reads no unwritten memory.
-                arch::st_shared_v2(at + 8, [(rows.seqlen_q - first_row).min(HOPPER_BACKWARD_BLOCK_M), 0]);
-            }
             arch::mbarrier_wait_parity(smem.q_full(stage), parity);
             let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
             let mut d_p = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
             arch::wgmma_fence_operand(&mut s);
             arch::wgmma_fence_operand(&mut d_p);
             arch::wgmma_fence();
-            // Over the head dim only: the tiles' columns past it are zeros.
+            // `scores_operands` gives Q's and the keys' descriptors; the
+            // keys are A here. Over the head dim only: the tiles' columns
+            // past it are zeros.
             for k in 0..(D / 16) as u32 {
-                let (a, b_desc) = smem.scores_operands(stage, score_key, k);
-                E::wgmma_ss::<S_REGS, 0, 0>(&mut s, a, b_desc, k > 0);
-            }
-            if split {
-                arch::wgmma_commit_group();
-            }
-            arch::mbarrier_wait_parity(smem.d_o_full(d_o_stage), d_o_parity);
-            for k in 0..(D / 16) as u32 {
-                let (a, b_desc) = smem.d_p_operands(d_o_stage, score_key, k);
-                E::wgmma_ss::<S_REGS, 0, 0>(&mut d_p, a, b_desc, k > 0);
+                let (q, keys) = smem.scores_operands(stage, score_key, k);
+                E::wgmma_ss::<S_REGS, 0, 0>(&mut s, keys, q, k > 0);
             }
             arch::wgmma_commit_group();
-            // Where the consumers split the head dim, P while dP is still
-            // being computed (with dQ's group below, 2-11% there; below
-            // d = 128 the two were within -4..+5% and are not used).
-            if split {
-                arch::wgmma_wait_group::<1>();
-            } else {
-                arch::wgmma_wait_group::<0>();
-                arch::wgmma_fence_operand(&mut d_p);
+            arch::mbarrier_wait_parity(smem.d_o_full(d_o_stage), d_o_parity);
+            for k in 0..(D / 16) as u32 {
+                let (d_o, values) = smem.d_p_operands(d_o_stage, score_key, k);
+                E::wgmma_ss::<S_REGS, 0, 0>(&mut d_p, values, d_o, k > 0);
             }
+            arch::wgmma_commit_group();
+            let stats = smem.row_stats(consumer, buffer);
+            arch::st_shared_u32(stats + 4 * thread, stat.value().to_bits());
+            sync_row_stats(consumer);
+            stat = if step + 1 < b.end_step {
+                RowStat::load(p, &rows, head, step + 1, b.end_step)
+            } else {
+                RowStat::load(p, &rows, head + 1, b.first_step, if head < last_head { b.end_step } else { 0 })
+            };
+            // The lane's query rows of n8-tile `t`: `8 t + 2 (lane % 4)` and the next.
+            let lane_stats = stats + 8 * (lane % 4);
+            arch::wgmma_wait_group::<1>();
             arch::wgmma_fence_operand(&mut s);
 
             let s_tiles = as_tiles::<S_REGS, S_TILES>(&mut s);
             if CAUSAL {
                 // Some row of the step does not see the consumer's last key.
-                let last_key = (first_key + config.score_keys() - 1) as i32;
-                if (first_row as i32) + b.visibility.diagonal < last_key {
-                    let mask =
-                        ScoreMask { first_row: (first_row + 16 * warp) as i32, visibility: b.visibility, causal: true };
-                    mask.apply(s_tiles, first_key as i32, lane);
+                let last_key = (first_key + CONSUMER_ROWS - 1) as i32;
+                let diagonal = b.visibility.diagonal;
+                if (first_row as i32) + diagonal < last_key {
+                    mask_causal_transposed(s_tiles, (first_key + 16 * warp) as i32, first_row as i32, diagonal, lane);
                 }
             }
             let scale_log2 = f.scale_log2;
-            if split {
-                for (t, s_t) in s_tiles[0].iter_mut().enumerate() {
-                    for (i, score) in s_t.iter_mut().enumerate() {
-                        *score = arch::exp2(*score * scale_log2 - lse[i / 2]);
-                    }
-                    store_scores::<E>(smem.p(p_slab), s_t, score_column + 8 * t as u32, warp, lane);
+            for (t, s_t) in s_tiles[0].iter_mut().enumerate() {
+                let lse = arch::ld_shared_v2(lane_stats + 32 * t as u32).map(f32::from_bits);
+                for (i, score) in s_t.iter_mut().enumerate() {
+                    *score = arch::exp2(*score * scale_log2 - lse[i % 2]);
                 }
-                arch::wgmma_wait_group::<0>();
-                arch::wgmma_fence_operand(&mut d_p);
-            } else {
-                // One P buffer per consumer. (Where the consumers split the
-                // head dim, P's buffers alternate: every thread of both
-                // reaches the last step's `sync_stores` past its wait for
-                // the products of the step before, the last to read this
-                // step's buffer.)
-                sync_p_readers(consumer);
             }
+            let p_t = probabilities_as_a::<E, 1, S_TILES, S_STEPS>(s_tiles);
+            arch::wgmma_wait_group::<0>();
+            arch::wgmma_fence_operand(&mut d_p);
             let d_p_tiles = as_tiles::<S_REGS, S_TILES>(&mut d_p);
-            for (t, (s_t, dp_t)) in s_tiles[0].iter_mut().zip(d_p_tiles[0].iter_mut()).enumerate() {
+            for (t, (s_t, dp_t)) in s_tiles[0].iter().zip(d_p_tiles[0].iter_mut()).enumerate() {
+                let delta = arch::ld_shared_v2(lane_stats + Smem::<D>::DELTA_BYTES + 32 * t as u32).map(f32::from_bits);
                 for i in 0..4 {
-                    if !split {
-                        s_t[i] = arch::exp2(s_t[i] * scale_log2 - lse[i / 2]);
-                    }
-                    dp_t[i] = s_t[i] * (dp_t[i] - delta[i / 2]);
-                }
-                // Row `lane / 4 + 8 half` of the warp, keys `8 t + 2 (lane %
-                // 4)`: P's and dS's stores at one offset (through
-                // `store_scores` twice, at d = 128 causal, it spilled).
-                for half in 0..2 {
-                    let row = 16 * warp + lane / 4 + 8 * half as u32;
-                    let offset = swizzled(row, score_column + 8 * t as u32 + 2 * (lane % 4));
-                    if !split {
-                        arch::st_shared_u32(smem.p(p_slab) + offset, E::pack(s_t[2 * half], s_t[2 * half + 1]));
-                    }
-                    let d_s = E::pack(dp_t[2 * half], dp_t[2 * half + 1]);
-                    arch::st_shared_u32(smem.d_s(buffer, d_s_slab) + offset, d_s);
+                    dp_t[i] = s_t[i] * (dp_t[i] - delta[i % 2]);
                 }
             }
-            // The stores are the generic proxy's; `wgmma` reads through the async one.
-            arch::fence_proxy_async_shared();
-            sync_stores::<D>(consumer);
+            let d_s_t = probabilities_as_a::<E, 1, S_TILES, S_STEPS>(d_p_tiles);
 
-            // Where the consumers split the head dim, dQ first, in a group
-            // of its own: it goes out while dV and dK are still being
-            // computed; then dV's, which frees dO's stage ahead of dK.
             let mut d_q = WgmmaAccumulator::<DQ_REGS>::new([0.0; DQ_REGS]);
             arch::wgmma_fence_operand(&mut d_v);
             arch::wgmma_fence_operand(&mut d_k);
             arch::wgmma_fence_operand(&mut d_q);
             arch::wgmma_fence();
-            let issue_d_q = |d_q: &mut WgmmaAccumulator<DQ_REGS>| {
-                for key in dq_keys.clone().step_by(16) {
-                    let (a, b_desc) = smem.d_q_operands(buffer, key + dq_key_offset, dq_first_column);
-                    E::wgmma_ss::<DQ_REGS, 0, 1>(d_q, a, b_desc, key > dq_keys.start);
-                }
-            };
-            if split {
-                issue_d_q(&mut d_q);
-                arch::wgmma_commit_group();
+            for (j, fragment) in p_t[0].iter().enumerate() {
+                E::wgmma_rs::<DV_REGS, 1>(&mut d_v, fragment, smem.d_o_rows(d_o_stage, 0, j as u32), true);
             }
-            for k in 0..HOPPER_BACKWARD_BLOCK_M / 16 {
-                let (a, b_desc) = smem.d_v_operands(d_o_stage, p_slab, gradient_column, k);
-                E::wgmma_ss::<DV_REGS, 1, 1>(&mut d_v, a, b_desc, true);
+            for (j, fragment) in d_s_t[0].iter().enumerate() {
+                E::wgmma_rs::<DV_REGS, 1>(&mut d_k, fragment, smem.q_rows(stage, 0, j as u32), true);
             }
-            if split {
-                arch::wgmma_commit_group();
-            }
-            for k in 0..HOPPER_BACKWARD_BLOCK_M / 16 {
-                let (a, b_desc) = smem.d_k_operands(buffer, stage, d_s_slab, gradient_column, k);
-                E::wgmma_ss::<DV_REGS, 1, 1>(&mut d_k, a, b_desc, true);
-            }
-            if split {
-                arch::wgmma_commit_group();
-                arch::wgmma_wait_group::<2>();
-            } else {
-                issue_d_q(&mut d_q);
-                arch::wgmma_commit_group();
-                arch::wgmma_wait_group::<0>();
-            }
-            arch::wgmma_fence_operand(&mut d_q);
-
-            // The step's dQ to shared memory once the buffer is free for
-            // the consumer's turn: turn 0 once the last turn of the last
-            // step has been read, turn 1 once this step's turn 0 has. The
-            // producer warpgroup adds it to the accumulator.
-            let turn = consumer % Smem::<D>::DQ_TURNS;
-            let empty_parity = if turn == 0 { (n & 1) ^ 1 } else { n & 1 };
-            arch::mbarrier_wait_parity(smem.d_q_empty(turn), empty_parity);
-            // The lane's first element; the others are constants further.
-            let buffer_column = dq_first_column % Smem::<D>::DQ_BUFFER_COLUMNS;
-            let lane_at =
-                smem.d_q(consumer % Smem::<D>::DQ_PARTIALS, 16 * warp + lane / 4, 4 * buffer_column) + 8 * (lane % 4);
-            let d_q_tiles = as_tiles::<DQ_REGS, DQ_TILES>(&mut d_q);
-            for (t, tile) in d_q_tiles[0].iter().enumerate() {
-                for half in 0..2 {
-                    let at = lane_at + 32 * t as u32 + 8 * half as u32 * Smem::<D>::DQ_PITCH;
-                    arch::st_shared_v2(at, [tile[2 * half].to_bits(), tile[2 * half + 1].to_bits()]);
+            // dS^T to the consumer's slab: A fragment register `r` of
+            // k-step `j` holds keys `lane / 4 + 8 (r % 2)` of the warp's 16,
+            // query rows `16 j + 8 (r / 2) + 2 (lane % 4)` and the next.
+            for (j, fragment) in d_s_t[0].iter().enumerate() {
+                for (r, &pair) in fragment.iter().enumerate() {
+                    let key = 16 * warp + lane / 4 + 8 * (r as u32 % 2);
+                    let row = 16 * j as u32 + 8 * (r as u32 / 2) + 2 * (lane % 4);
+                    arch::st_shared_u32(smem.d_s(buffer, consumer) + swizzled(key, row), pair);
                 }
             }
-            arch::mbarrier_arrive(smem.d_q_full(turn));
-            if split {
-                arch::wgmma_wait_group::<1>();
+            // The stores are the generic proxy's; `wgmma` reads through the async one.
+            arch::fence_proxy_async_shared();
+            sync_stores::<D>(consumer);
+            arch::wgmma_fence();
+            for key in (0..dq_keys).step_by(16) {
+                let (a, b_desc) = smem.d_q_operands_transposed(buffer, dq_key_offset + key, dq_first_column);
+                E::wgmma_ss::<DQ_REGS, 1, 1>(&mut d_q, a, b_desc, key > 0);
             }
-            if lane == 0 {
-                arch::mbarrier_arrive(smem.d_o_empty(d_o_stage));
-            }
+            arch::wgmma_commit_group();
             arch::wgmma_wait_group::<0>();
             arch::wgmma_fence_operand(&mut d_v);
             arch::wgmma_fence_operand(&mut d_k);
+            arch::wgmma_fence_operand(&mut d_q);
+
+            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, dq_first_column, warp, lane);
             if lane == 0 {
+                arch::mbarrier_arrive(smem.d_o_empty(d_o_stage));
                 arch::mbarrier_arrive(smem.q_empty(stage));
             }
             n += 1;
         }
     }
-    write_keys::<E, D, DV_REGS, DV_TILES>(
-        p,
-        &b,
-        &rows,
-        &mut d_k,
-        &mut d_v,
-        b.first_key + gradient_key,
-        gradient_column,
-    );
+    write_keys::<E, D, DV_REGS, DV_TILES>(p, &b, &rows, &mut d_k, &mut d_v, first_key, 0);
+}
+
+/// A consumer thread's one statistic of a step's rows, as loaded: threads
+/// 0-63 the forward's LSE of rows 0-63 (natural log; +inf past seqlen_q),
+/// threads 64-127 their delta (0 past seqlen_q).
+#[derive(Clone, Copy)]
+struct RowStat {
+    loaded: f32,
+    is_lse: bool,
+}
+
+impl RowStat {
+    /// The thread's statistic of step `step` of query head `head`, loaded
+    /// where the step is below `end_step` and the row below seqlen_q.
+    #[inline(always)]
+    unsafe fn load(p: &BackwardParams, rows: &BatchRows, head: u32, step: u32, end_step: u32) -> Self {
+        let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
+        let is_lse = thread < HOPPER_BACKWARD_BLOCK_M;
+        let row = step * HOPPER_BACKWARD_BLOCK_M + thread % HOPPER_BACKWARD_BLOCK_M;
+        let mut loaded = if is_lse { f32::INFINITY } else { 0.0 };
+        if step < end_step && row < rows.seqlen_q {
+            let at = rows.lse_index(&p.forward, head, row) as isize;
+            loaded = arch::ld_global_f32(if is_lse { p.forward.lse } else { p.delta }.offset(at));
+        }
+        RowStat { loaded, is_lse }
+    }
+
+    /// What the step's lanes read: the LSE in log2 units (+inf for a row
+    /// that sees no key: its P is 0), or delta. Computed where it is
+    /// stored, not where it is loaded, so that nothing waits on the load
+    /// before then.
+    #[inline(always)]
+    fn value(self) -> f32 {
+        if !self.is_lse {
+            self.loaded
+        } else if self.loaded == f32::NEG_INFINITY {
+            f32::INFINITY
+        } else {
+            self.loaded * core::f32::consts::LOG2_E
+        }
+    }
+}
+
+/// Where the block's `n`-th step's dQ goes (its first row `first_row` of
+/// query head `head`), for the warps that add it; consumer 0's first
+/// thread, at the step's start. They read it once the step's first turn
+/// is in (consumer 0 arrives at it after this store); they last read the
+/// slot two steps back, before freeing the buffer for the last step's
+/// first turn, which consumer 0 waited for.
+///
+/// # Safety
+/// The shared memory is the layout's.
+#[inline(always)]
+pub(super) unsafe fn announce_d_q_rows<const D: usize>(
+    smem: &Smem<D>,
+    rows: &BatchRows,
+    f: &flash_attn_abi::params::ForwardParams,
+    head: u32,
+    first_row: u32,
+    n: u32,
+) {
+    let first = rows.lse_index(f, head, first_row) as u64;
+    let at = smem.d_q_rows(n % 2);
+    arch::st_shared_v2(at, [first as u32, (first >> 32) as u32]);
+    // The slot's last word is padding, stored so that the adders' one
+    // 16-byte load reads no unwritten memory.
+    arch::st_shared_v2(at + 8, [(rows.seqlen_q - first_row).min(HOPPER_BACKWARD_BLOCK_M), 0]);
+}
+
+/// The block's `n`-th step's dQ of consumer `consumer` (its columns from
+/// `dq_first_column` on) to shared memory once the buffer is free for the
+/// consumer's turn: turn 0 once the last turn of the last step has been
+/// read, turn 1 once this step's turn 0 has; then says it is there. The
+/// producer warpgroup adds it to the accumulator.
+///
+/// # Safety
+/// The shared memory is the layout's; `d_q` is complete.
+#[inline(always)]
+pub(super) unsafe fn store_d_q<const D: usize, const DQ_REGS: usize, const DQ_TILES: usize>(
+    smem: &Smem<D>,
+    d_q: &mut WgmmaAccumulator<DQ_REGS>,
+    consumer: u32,
+    n: u32,
+    dq_first_column: u32,
+    warp: u32,
+    lane: u32,
+) {
+    let turn = consumer % Smem::<D>::DQ_TURNS;
+    let empty_parity = if turn == 0 { (n & 1) ^ 1 } else { n & 1 };
+    arch::mbarrier_wait_parity(smem.d_q_empty(turn), empty_parity);
+    // The lane's first element; the others are constants further.
+    let buffer_column = dq_first_column % Smem::<D>::DQ_BUFFER_COLUMNS;
+    let lane_at = smem.d_q(consumer % Smem::<D>::DQ_PARTIALS, 16 * warp + lane / 4, 4 * buffer_column) + 8 * (lane % 4);
+    let d_q_tiles = as_tiles::<DQ_REGS, DQ_TILES>(d_q);
+    for (t, tile) in d_q_tiles[0].iter().enumerate() {
+        for half in 0..2 {
+            let at = lane_at + 32 * t as u32 + 8 * half as u32 * Smem::<D>::DQ_PITCH;
+            arch::st_shared_v2(at, [tile[2 * half].to_bits(), tile[2 * half + 1].to_bits()]);
+        }
+    }
+    arch::mbarrier_arrive(smem.d_q_full(turn));
 }
 
 /// Whether n8-tile `t` of a product's columns from `first_column` on holds
@@ -348,26 +363,13 @@ fn in_head_dim<const D: usize>(first_column: u32, t: usize) -> bool {
     tile_dim == D as u32 || first_column + 8 * (t as u32) < D as u32
 }
 
-/// Stores one n8-tile of a warp's P or dS, rounded, to the slab at `slab`
-/// (64-key rows): the lane's rows `lane / 4` and `lane / 4 + 8` of the
-/// warp's 16, keys `column + 2 (lane % 4)` and the next, one 4-byte store
-/// each.
-#[inline(always)]
-unsafe fn store_scores<E: Element>(slab: u32, tile: &[f32; 4], column: u32, warp: u32, lane: u32) {
-    for half in 0..2 {
-        let row = 16 * warp + lane / 4 + 8 * half as u32;
-        let offset = swizzled(row, column + 2 * (lane % 4));
-        arch::st_shared_u32(slab + offset, E::pack(tile[2 * half], tile[2 * half + 1]));
-    }
-}
-
 /// The byte offset of element `column` (even) of row `row` in a slab of
 /// 128-byte rows in the 128-byte swizzle (its base 1024-byte aligned): the
 /// row's 16-byte chunks XORed with the row's place in its 8-row group.
 /// Re-derived at each use ([`arch::xor_in_place`]): LLVM would otherwise
 /// hold the 16 offsets of a lane's stores through the loop.
 #[inline(always)]
-fn swizzled(row: u32, column: u32) -> u32 {
+pub(super) fn swizzled(row: u32, column: u32) -> u32 {
     let byte = 2 * column;
     row * SLAB_ROW_BYTES + arch::xor_in_place(byte / 16, row % 8) * 16 + byte % 16
 }
@@ -380,7 +382,7 @@ fn swizzled(row: u32, column: u32) -> u32 {
 /// # Safety
 /// dK and dV hold every key of the call.
 #[inline(always)]
-unsafe fn write_keys<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES: usize>(
+pub(super) unsafe fn write_keys<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES: usize>(
     p: &BackwardParams,
     b: &KeyBlock,
     rows: &BatchRows,

@@ -13,20 +13,23 @@
 //!   warps 1 to 3 add each step's dQ, which the consumers leave in shared
 //!   memory, to the f32 accumulator in global memory ([`add_d_q`]), so
 //!   that the consumers never wait on atomics;
-//! - warpgroups 1 and 2, the consumers ([`consumer`]), own 64 keys each
-//!   (up to d = 128) or half the head dim of the block's 64 keys (above).
-//!   Per step: `S = Q K^T` and `dP = dO V^T` for their keys (half the
-//!   block's where they split the head dim), P from the forward's LSE and
-//!   `dS = P (dP - delta)` in registers, both written to shared memory,
-//!   then `dV += P^T dO`, `dK += dS^T Q` and their share of `dQ = dS K`,
-//!   which they store to shared memory (at tile dim 256 one consumer's
-//!   half at a time: the buffer of both would not fit).
+//! - warpgroups 1 and 2, the consumers, own 64 keys each up to d = 128
+//!   ([`consumer`]) or half the head dim of the block's 64 keys above
+//!   ([`split_consumer`]). Per step: the scores and their gradients for
+//!   their keys (transposed, `S^T = K Q^T` and `dP^T = V dO^T`, up to d =
+//!   128; `S = Q K^T` and `dP = dO V^T` for half the block's keys above),
+//!   P from the forward's LSE and `dS = P (dP - delta)` in registers, then
+//!   `dV += P^T dO`, `dK += dS^T Q` (from registers up to d = 128, else
+//!   from shared memory) and their share of `dQ = dS K` (dS from shared
+//!   memory), which they store to shared memory (at tile dim 256 one
+//!   consumer's half at a time: the buffer of both would not fit).
 //!
 //! The prepare and finish kernels around it are the portable ones
 //! ([`crate::backward::rows`]).
 
 pub mod consumer;
 pub mod smem;
+pub mod split_consumer;
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
@@ -93,8 +96,9 @@ pub fn stage_of(n: u32, stages: u32) -> (u32, u32) {
 }
 
 /// The kernel body of one instance: element `E`, head dim `D`, causal or
-/// not; `S_REGS` and `S_TILES` the accumulator registers and n8-tiles of a
-/// consumer's S (the config's `score_keys / 2` and `/ 8`), `DV_REGS` and
+/// not; `S_REGS`, `S_TILES` and `S_STEPS` the accumulator registers,
+/// n8-tiles and k16-steps of a consumer's S (the config's `score_keys / 2`,
+/// `/ 8` and `/ 16`), `DV_REGS` and
 /// `DV_TILES` those of dK and dV (of `gradient_columns`), `DQ_REGS` and
 /// `DQ_TILES` those of dQ (of `dq_columns`), which Rust cannot derive.
 ///
@@ -111,6 +115,7 @@ pub unsafe fn hopper_backward<
     const CONSUMER_REGS: u32,
     const S_REGS: usize,
     const S_TILES: usize,
+    const S_STEPS: usize,
     const DV_REGS: usize,
     const DV_TILES: usize,
     const DQ_REGS: usize,
@@ -121,7 +126,8 @@ pub unsafe fn hopper_backward<
     const {
         let c: HopperBackwardConfig = hopper_backward_config_of(D as u32);
         let (s, dv, dq) = (c.score_keys() as usize, c.gradient_columns() as usize, c.dq_columns() as usize);
-        assert!(S_REGS * 2 == s && S_TILES * 8 == s && DV_REGS * 2 == dv && DV_TILES * 8 == dv);
+        assert!(S_REGS * 2 == s && S_TILES * 8 == s && S_STEPS * 16 == s);
+        assert!(DV_REGS * 2 == dv && DV_TILES * 8 == dv);
         assert!(DQ_REGS * 2 == dq && DQ_TILES * 8 == dq);
     }
     let smem = Smem::<D>::at(arch::dynamic_smem_base());
@@ -140,11 +146,20 @@ pub unsafe fn hopper_backward<
         }
     } else {
         arch::setmaxnreg_inc::<CONSUMER_REGS>();
-        consumer::compute_keys::<E, D, CAUSAL, S_REGS, S_TILES, DV_REGS, DV_TILES, DQ_REGS, DQ_TILES>(
-            &p.backward,
-            &smem,
-            warpgroup - 1,
-        );
+        let consumer = warpgroup - 1;
+        if const { hopper_backward_config_of(D as u32).transposes_scores() } {
+            consumer::compute_keys::<E, D, CAUSAL, S_REGS, S_TILES, S_STEPS, DV_REGS, DV_TILES, DQ_REGS, DQ_TILES>(
+                &p.backward,
+                &smem,
+                consumer,
+            );
+        } else {
+            split_consumer::compute_key_columns::<E, D, CAUSAL, S_REGS, S_TILES, DV_REGS, DV_TILES, DQ_REGS, DQ_TILES>(
+                &p.backward,
+                &smem,
+                consumer,
+            );
+        }
     }
 }
 

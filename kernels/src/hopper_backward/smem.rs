@@ -7,11 +7,13 @@
 //! gradients take are not whole such slabs (d = 32, 96, 160 and 192), of 32
 //! columns in the 64-byte swizzle (64-byte rows, 8-row groups 512 bytes
 //! apart), as TMA lands them. P and dS, which the consumers store, are
-//! slabs of 64 keys in the 128-byte swizzle. One layout serves both ways a product reads a tile: K-major
-//! where the tile's columns are the reduction (Q, K, dO and V in the
-//! scores, dS in dQ), MN-major where its rows are (P and dS transposed as
-//! A of the key gradients, dO and Q as their B, K as B of dQ); an MN-major
-//! N of several slabs steps from slab to slab by the leading byte offset.
+//! slabs of 64 keys in the 128-byte swizzle (dS^T, 64 query rows a slab
+//! row, where the consumers transpose the scores). One layout serves both
+//! ways a product reads a tile: K-major where the tile's columns are the
+//! reduction (Q, K, dO and V in the scores, dS in dQ), MN-major where its
+//! rows are (P and dS transposed as A of the key gradients, dS^T as A of
+//! dQ, dO and Q as the key gradients' B, K as B of dQ); an MN-major N of
+//! several slabs steps from slab to slab by the leading byte offset.
 
 use flash_attn_abi::hopper::SLAB_ROW_BYTES;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SMEM_ALIGN, WARPGROUP_THREADS};
@@ -112,8 +114,19 @@ impl<const D: usize> Smem<D> {
         self.base() + self.layout.p + slab * P_SLAB_BYTES
     }
 
+    /// The LSE (log2) of a step's 64 rows, f32, in consumer `consumer`'s
+    /// buffer `buffer` (steps alternate); their delta
+    /// [`Self::DELTA_BYTES`] further.
+    #[inline(always)]
+    pub fn row_stats(&self, consumer: u32, buffer: u32) -> u32 {
+        self.base() + self.layout.row_stats + 2 * Self::DELTA_BYTES * (2 * consumer + buffer)
+    }
+
+    /// Bytes from a step's LSE to its delta in [`Self::row_stats`].
+    pub const DELTA_BYTES: u32 = 4 * HOPPER_BACKWARD_BLOCK_M;
+
     /// dS of buffer `buffer` (steps alternate), keys `64 * slab..` of the
-    /// block (one slab).
+    /// block (one slab): dS^T where the consumers transpose the scores.
     #[inline(always)]
     pub fn d_s(&self, buffer: u32, slab: u32) -> u32 {
         self.base() + self.layout.d_s + buffer * self.layout.d_s_bytes + slab * P_SLAB_BYTES
@@ -226,23 +239,46 @@ impl<const D: usize> Smem<D> {
         (Self::k_major(self.d_o(stage, slab) + column), Self::k_major(self.v(slab) + keys + column))
     }
 
-    /// `dV += P^T dO` at k-step `step` (the step's rows `16 * step..`): P
-    /// slab `p_slab` transposed as A (its 64 keys the M, contiguous), dO of
-    /// `stage` from column `column` (a slab's first) on as the MN-major B
-    /// (the head dim the N).
+    /// dO of `stage` as the MN-major B of `dV += P^T dO` at k-step `step`
+    /// (the step's rows `16 * step..`), from column `column` (a slab's
+    /// first) on (the head dim the N).
+    #[inline(always)]
+    pub fn d_o_rows(&self, stage: u32, column: u32, step: u32) -> u64 {
+        let d_o = self.d_o(stage, column / Self::SLAB_COLUMNS) + 16 * Self::ROW_BYTES * step;
+        Self::mn_major(d_o, Self::STEP_SLAB_BYTES)
+    }
+
+    /// Q of `stage` as the MN-major B of `dK += dS^T Q`: as [`Self::d_o_rows`].
+    #[inline(always)]
+    pub fn q_rows(&self, stage: u32, column: u32, step: u32) -> u64 {
+        let q = self.q(stage, column / Self::SLAB_COLUMNS) + 16 * Self::ROW_BYTES * step;
+        Self::mn_major(q, Self::STEP_SLAB_BYTES)
+    }
+
+    /// `dV += P^T dO` at k-step `step` where P is in shared memory: P slab
+    /// `p_slab` transposed as A (its 64 keys the M, contiguous), and
+    /// [`Self::d_o_rows`].
     #[inline(always)]
     pub fn d_v_operands(&self, stage: u32, p_slab: u32, column: u32, step: u32) -> (u64, u64) {
-        let d_o = self.d_o(stage, column / Self::SLAB_COLUMNS) + 16 * Self::ROW_BYTES * step;
-        (p_operand(self.p(p_slab) + P_K_STEP_BYTES * step), Self::mn_major(d_o, Self::STEP_SLAB_BYTES))
+        (p_operand(self.p(p_slab) + P_K_STEP_BYTES * step), self.d_o_rows(stage, column, step))
     }
 
     /// `dK += dS^T Q` at k-step `step`: as [`Self::d_v_operands`] with dS
     /// slab `d_s_slab` of `buffer` and Q.
     #[inline(always)]
     pub fn d_k_operands(&self, buffer: u32, stage: u32, d_s_slab: u32, column: u32, step: u32) -> (u64, u64) {
-        let d_s = self.d_s(buffer, d_s_slab) + P_K_STEP_BYTES * step;
-        let q = self.q(stage, column / Self::SLAB_COLUMNS) + 16 * Self::ROW_BYTES * step;
-        (p_operand(d_s), Self::mn_major(q, Self::STEP_SLAB_BYTES))
+        (p_operand(self.d_s(buffer, d_s_slab) + P_K_STEP_BYTES * step), self.q_rows(stage, column, step))
+    }
+
+    /// `dQ = dS K` at the k-step of keys `key..key + 16` of the block,
+    /// where the consumers store dS^T: its slab rows of those keys as the
+    /// MN-major A (the step's 64 query rows the M, contiguous), K's rows as
+    /// the MN-major B from column `column` (a slab's first) on.
+    #[inline(always)]
+    pub fn d_q_operands_transposed(&self, buffer: u32, key: u32, column: u32) -> (u64, u64) {
+        let d_s_t = self.d_s(buffer, key / CONSUMER_ROWS) + P_K_STEP_BYTES * (key % CONSUMER_ROWS / 16);
+        let k = self.k(column / Self::SLAB_COLUMNS) + key * Self::ROW_BYTES;
+        (p_operand(d_s_t), Self::mn_major(k, Self::KV_SLAB_BYTES))
     }
 
     /// `dQ = dS K` at the k-step of keys `key..key + 16` of the block: dS of

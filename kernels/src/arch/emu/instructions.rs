@@ -315,6 +315,22 @@ pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
     })
 }
 
+/// `ld.shared.v2.b32`.
+///
+/// # Safety
+/// `addr` must be an 8-byte aligned shared address of the block.
+#[track_caller]
+pub unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
+    let site = Location::caller();
+    context::with(|t| {
+        let req = Request { who: lane(t), instruction: "ld.shared.v2.b32", site, addr, len: 8 };
+        let bytes = t.ok(t.block.smem.read(&req));
+        std::array::from_fn(|i| {
+            u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]])
+        })
+    })
+}
+
 /// `ld.shared.v4.b32`.
 ///
 /// # Safety
