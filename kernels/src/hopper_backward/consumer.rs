@@ -135,8 +135,8 @@ pub unsafe fn compute_keys<
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
         for step in b.first_step..b.end_step {
-            let (stage, parity) = stage_of(n, HOPPER_BACKWARD_STAGES);
-            let (d_o_stage, d_o_parity) = stage_of(n, Smem::<D>::D_O_STAGES);
+            let (stage, _) = stage_of(n, HOPPER_BACKWARD_STAGES);
+            let (d_o_stage, _) = stage_of(n, Smem::<D>::D_O_STAGES);
             let buffer = n % 2;
             // Re-derived each step rather than held through it (registers).
             let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
@@ -146,26 +146,7 @@ pub unsafe fn compute_keys<
                 announce_d_q_rows::<D>(smem, &rows, f, head, first_row, n);
             }
 
-            arch::mbarrier_wait_parity(smem.q_full(stage), parity);
-            let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
-            let mut d_p = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
-            arch::wgmma_fence_operand(&mut s);
-            arch::wgmma_fence_operand(&mut d_p);
-            arch::wgmma_fence();
-            // `scores_operands` gives Q's and the keys' descriptors; the
-            // keys are A here. Over the head dim only: the tiles' columns
-            // past it are zeros.
-            for k in 0..(D / 16) as u32 {
-                let (q, keys) = smem.scores_operands(stage, score_key, k);
-                E::wgmma_ss::<S_REGS, 0, 0>(&mut s, keys, q, k > 0);
-            }
-            arch::wgmma_commit_group();
-            arch::mbarrier_wait_parity(smem.d_o_full(d_o_stage), d_o_parity);
-            for k in 0..(D / 16) as u32 {
-                let (d_o, values) = smem.d_p_operands(d_o_stage, score_key, k);
-                E::wgmma_ss::<S_REGS, 0, 0>(&mut d_p, values, d_o, k > 0);
-            }
-            arch::wgmma_commit_group();
+            let (mut s, mut d_p) = issue_scores::<E, D, S_REGS, true>(smem, n, score_key);
             let stats = smem.row_stats(consumer, buffer);
             arch::st_shared_u32(stats + 4 * thread, stat.value().to_bits());
             sync_row_stats(consumer);
@@ -292,6 +273,45 @@ impl RowStat {
             self.loaded * core::f32::consts::LOG2_E
         }
     }
+}
+
+/// Issues the block's `n`-th step's scores and their gradients for the
+/// consumer's keys from `score_key`, a `wgmma` group each, each once its
+/// operands have landed: `S = Q K^T` and `dP = dO V^T`, or where
+/// `TRANSPOSED`, `S^T = K Q^T` and `dP^T = V dO^T` (the same descriptors
+/// with A and B swapped). Over the head dim only: the tiles' columns past
+/// it are zeros. Returns the accumulators in flight.
+///
+/// # Safety
+/// The shared memory is the layout's.
+#[inline(always)]
+pub(super) unsafe fn issue_scores<E: Element, const D: usize, const S_REGS: usize, const TRANSPOSED: bool>(
+    smem: &Smem<D>,
+    n: u32,
+    score_key: u32,
+) -> (WgmmaAccumulator<S_REGS>, WgmmaAccumulator<S_REGS>) {
+    let (stage, parity) = stage_of(n, HOPPER_BACKWARD_STAGES);
+    let (d_o_stage, d_o_parity) = stage_of(n, Smem::<D>::D_O_STAGES);
+    arch::mbarrier_wait_parity(smem.q_full(stage), parity);
+    let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
+    let mut d_p = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
+    arch::wgmma_fence_operand(&mut s);
+    arch::wgmma_fence_operand(&mut d_p);
+    arch::wgmma_fence();
+    for k in 0..(D / 16) as u32 {
+        let (q, keys) = smem.scores_operands(stage, score_key, k);
+        let (a, b) = if TRANSPOSED { (keys, q) } else { (q, keys) };
+        E::wgmma_ss::<S_REGS, 0, 0>(&mut s, a, b, k > 0);
+    }
+    arch::wgmma_commit_group();
+    arch::mbarrier_wait_parity(smem.d_o_full(d_o_stage), d_o_parity);
+    for k in 0..(D / 16) as u32 {
+        let (d_o, values) = smem.d_p_operands(d_o_stage, score_key, k);
+        let (a, b) = if TRANSPOSED { (values, d_o) } else { (d_o, values) };
+        E::wgmma_ss::<S_REGS, 0, 0>(&mut d_p, a, b, k > 0);
+    }
+    arch::wgmma_commit_group();
+    (s, d_p)
 }
 
 /// Where the block's `n`-th step's dQ goes (its first row `first_row` of

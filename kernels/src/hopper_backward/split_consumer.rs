@@ -26,7 +26,7 @@ use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
 use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_STAGES};
 
-use super::consumer::{announce_d_q_rows, store_d_q, swizzled, sync_stores, write_keys};
+use super::consumer::{announce_d_q_rows, issue_scores, store_d_q, swizzled, sync_stores, write_keys};
 use super::smem::Smem;
 use super::{stage_of, KeyBlock};
 use crate::arch::{self, WgmmaAccumulator};
@@ -77,8 +77,8 @@ pub unsafe fn compute_key_columns<
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
         for step in b.first_step..b.end_step {
-            let (stage, parity) = stage_of(n, HOPPER_BACKWARD_STAGES);
-            let (d_o_stage, d_o_parity) = stage_of(n, Smem::<D>::D_O_STAGES);
+            let (stage, _) = stage_of(n, HOPPER_BACKWARD_STAGES);
+            let (d_o_stage, _) = stage_of(n, Smem::<D>::D_O_STAGES);
             // P's and dS's buffer: steps alternate. Every thread of both
             // consumers reaches the last step's `sync_stores` past its wait
             // for the products of the step before, the last to read this
@@ -105,24 +105,7 @@ pub unsafe fn compute_key_columns<
             if consumer == 0 && thread == 0 {
                 announce_d_q_rows::<D>(smem, &rows, f, head, first_row, n);
             }
-            arch::mbarrier_wait_parity(smem.q_full(stage), parity);
-            let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
-            let mut d_p = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
-            arch::wgmma_fence_operand(&mut s);
-            arch::wgmma_fence_operand(&mut d_p);
-            arch::wgmma_fence();
-            // Over the head dim only: the tiles' columns past it are zeros.
-            for k in 0..(D / 16) as u32 {
-                let (a, b_desc) = smem.scores_operands(stage, score_key, k);
-                E::wgmma_ss::<S_REGS, 0, 0>(&mut s, a, b_desc, k > 0);
-            }
-            arch::wgmma_commit_group();
-            arch::mbarrier_wait_parity(smem.d_o_full(d_o_stage), d_o_parity);
-            for k in 0..(D / 16) as u32 {
-                let (a, b_desc) = smem.d_p_operands(d_o_stage, score_key, k);
-                E::wgmma_ss::<S_REGS, 0, 0>(&mut d_p, a, b_desc, k > 0);
-            }
-            arch::wgmma_commit_group();
+            let (mut s, mut d_p) = issue_scores::<E, D, S_REGS, false>(smem, n, score_key);
             // P while dP is still being computed (with dQ's group below,
             // 2-11% here).
             arch::wgmma_wait_group::<1>();
