@@ -307,12 +307,8 @@ pub unsafe fn st_shared_v2(addr: u32, value: [u32; 2]) {
 /// `addr` must be a 4-byte aligned shared address of the block.
 #[track_caller]
 pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
-    let site = Location::caller();
-    context::with(|t| {
-        let req = Request { who: lane(t), instruction: "ld.shared.b32", site, addr, len: 4 };
-        let bytes = t.ok(t.block.smem.read(&req));
-        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-    })
+    let [value] = ld_shared_words(addr, "ld.shared.b32", Location::caller());
+    value
 }
 
 /// `ld.shared.v2.b32`.
@@ -321,14 +317,7 @@ pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
 /// `addr` must be an 8-byte aligned shared address of the block.
 #[track_caller]
 pub unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
-    let site = Location::caller();
-    context::with(|t| {
-        let req = Request { who: lane(t), instruction: "ld.shared.v2.b32", site, addr, len: 8 };
-        let bytes = t.ok(t.block.smem.read(&req));
-        std::array::from_fn(|i| {
-            u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]])
-        })
-    })
+    ld_shared_words(addr, "ld.shared.v2.b32", Location::caller())
 }
 
 /// `ld.shared.v4.b32`.
@@ -337,9 +326,13 @@ pub unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
 /// `addr` must be a 16-byte aligned shared address of the block.
 #[track_caller]
 pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
-    let site = Location::caller();
+    ld_shared_words(addr, "ld.shared.v4.b32", Location::caller())
+}
+
+/// The shared loads of `N` 32-bit words: one request of `4 N` bytes.
+fn ld_shared_words<const N: usize>(addr: u32, instruction: &'static str, site: Site) -> [u32; N] {
     context::with(|t| {
-        let req = Request { who: lane(t), instruction: "ld.shared.v4.b32", site, addr, len: 16 };
+        let req = Request { who: lane(t), instruction, site, addr, len: 4 * N as u32 };
         let bytes = t.ok(t.block.smem.read(&req));
         std::array::from_fn(|i| {
             u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]])
