@@ -8,7 +8,7 @@
 //! finish kernels are the portable ones, on the same [`BackwardParams`]. A block is one key block
 //! ([`HopperBackwardConfig::block_n`] keys) of one key/value head and
 //! batch: a producer warpgroup that loads K and V once and each query
-//! step's Q and dO ([`HOPPER_BACKWARD_BLOCK_M`] rows) by TMA into rings of
+//! step's Q and dO ([`HopperBackwardConfig::block_m`] rows) by TMA into rings of
 //! two stages (dO's of one at tile dim 256) and adds dQ to the f32
 //! accumulator, and two consumer warpgroups that compute with `wgmma`: up
 //! to d = 128 each owns 64 of the block's 128 keys, above it
@@ -22,8 +22,6 @@ use crate::hopper::{
 use crate::kernels::{Dtype, Variant};
 use crate::sm90::TensorMap;
 
-/// Query rows of one step: one `wgmma` M.
-pub const HOPPER_BACKWARD_BLOCK_M: u32 = 64;
 /// Consumer warpgroups of a block.
 pub const HOPPER_BACKWARD_CONSUMERS: u32 = 2;
 /// Stages of the Q ring, and of dO's but where
@@ -53,7 +51,7 @@ pub struct HopperBackwardSmem {
     pub k: u32,
     pub v: u32,
     /// Stage `s` of Q and of dO at `q + s * stage_bytes` and `d_o + s *
-    /// stage_bytes`: [`HOPPER_BACKWARD_BLOCK_M`] rows each
+    /// stage_bytes`: [`HopperBackwardConfig::block_m`] rows each
     /// ([`HOPPER_BACKWARD_STAGES`] of Q, [`HopperBackwardConfig::d_o_stages`]
     /// of dO).
     pub q: u32,
@@ -65,20 +63,21 @@ pub struct HopperBackwardSmem {
     /// halves). Empty below: there the consumers hold P^T in registers.
     pub p: u32,
     /// Below the split ([`HopperBackwardConfig::transposes_scores`]), the
-    /// LSE (log2) and delta of a step's 64 rows, f32, for each consumer in
-    /// two buffers (steps alternate): consumer `c`'s buffer `b` at
-    /// `row_stats + 1024 c + 512 b`, delta 256 bytes after the LSE. Empty
-    /// where the consumers split the head dim.
+    /// LSE (log2) and delta of a step's rows, f32, in two buffers (steps
+    /// alternate), [`HopperBackwardConfig::row_stat_copies`] of them: copy
+    /// `c`'s buffer `b` at `row_stats + 16 block_m (2 c + b)`, delta `4
+    /// block_m` bytes after the LSE (2 KiB in all). Empty where the
+    /// consumers split the head dim.
     pub row_stats: u32,
-    /// dS of a step, rounded, in two buffers (steps alternate): 64 keys a
-    /// slab, one slab per consumer; buffer `b` at `d_s + b * d_s_bytes`.
-    /// Where the consumers split the head dim, 64 rows (queries) of the
-    /// block's keys; below, dS^T: 64 rows of the consumer's keys of the
-    /// step's 64 query rows.
+    /// dS of a step, rounded, in two buffers (steps alternate), buffer `b`
+    /// at `d_s + b * d_s_bytes`, in slabs of 64 keys (8 KiB). Where the
+    /// consumers split the head dim, one slab: 64 rows (queries) of the
+    /// block's keys. Below, dS^T: consumer `c`'s 64 keys as rows, of the
+    /// step's query rows `64 r..` in slab `c * block_m / 64 + r`.
     pub d_s: u32,
     pub d_s_bytes: u32,
     /// A step's dQ, f32, [`HopperBackwardConfig::dq_partials`] of them
-    /// `d_q_bytes` apart: 64 rows of
+    /// `d_q_bytes` apart: [`HopperBackwardConfig::block_m`] rows of
     /// [`HopperBackwardConfig::dq_buffer_columns`] columns,
     /// [`HopperBackwardConfig::dq_pitch`] bytes apart. The consumers store
     /// their parts (in turns where [`HopperBackwardConfig::dq_turns`] is
@@ -163,6 +162,46 @@ impl HopperBackwardConfig {
         }
     }
 
+    /// Query rows of one step: 128 up to d = 64 (FlashAttention-3's d = 64
+    /// step), else 64 (one `wgmma` M). At 128 each consumer's S^T and dP^T
+    /// span all of them (a `wgmma` N of 128, 64 accumulator registers
+    /// each), so that each consumer's serial chain of waits and barriers
+    /// does twice the work per step, and the consumers split dQ by rows
+    /// ([`Self::splits_d_q_rows`]). Above d = 64, dK and dV (d / 2
+    /// registers each) leave no room for them.
+    pub const fn block_m(&self) -> u32 {
+        if self.head_dim <= SLAB_COLUMNS {
+            2 * CONSUMER_ROWS
+        } else {
+            CONSUMER_ROWS
+        }
+    }
+
+    /// Columns of a consumer's S and dP accumulators, the `wgmma` N: the
+    /// step's query rows where the consumers transpose the scores, else
+    /// its score keys.
+    pub const fn score_columns(&self) -> u32 {
+        if self.transposes_scores() {
+            self.block_m()
+        } else {
+            self.score_keys()
+        }
+    }
+
+    /// Whether each consumer computes dQ of its 64 of the step's rows over
+    /// all the block's keys (both consumers' dS^T): where a step has more
+    /// rows than a `wgmma` M. One buffer then holds the step's dQ.
+    pub const fn splits_d_q_rows(&self) -> bool {
+        self.block_m() > CONSUMER_ROWS
+    }
+
+    /// Copies of a step's LSE and delta in shared memory, each stored one
+    /// value a thread: one per consumer (its own warpgroup's 128 threads,
+    /// a step of 64 rows), or one of both consumers (a step of 128).
+    pub const fn row_stat_copies(&self) -> u32 {
+        HOPPER_BACKWARD_CONSUMERS * WARPGROUP_THREADS / (2 * self.block_m())
+    }
+
     /// Columns the tiles hold: the head dim, or where the consumers split
     /// it, the head dim rounded up to halves of whole 32-column slabs (d =
     /// 160 and 224 run as 192 and 256). TMA fills the columns past the
@@ -207,8 +246,10 @@ impl HopperBackwardConfig {
     /// 64-column slabs (d = 128) each takes half the columns over all 128
     /// keys (both consumers' dS); else (d = 32, 64 and 96: half the columns
     /// would be a `wgmma` N of 16 to 48, which reads a fraction of a slab
-    /// row or is not among the primitives') each takes every column over
-    /// its own 64 keys, and both add to the accumulator.
+    /// row or is not among the primitives') every column, over all 128
+    /// keys for half the rows where [`Self::splits_d_q_rows`] (d = 32 and
+    /// 64), else over its own 64 keys, both consumers adding to the
+    /// accumulator (d = 96).
     pub const fn dq_columns(&self) -> u32 {
         if self.splits_head_dim() {
             self.gradient_columns()
@@ -220,11 +261,11 @@ impl HopperBackwardConfig {
     }
 
     /// dQ buffers in shared memory: one where the consumers compute
-    /// different columns (d = 128), one per consumer where each computes
-    /// every column over its own keys (d = 32, 64 and 96), which the warps
-    /// that add them to the accumulator sum.
+    /// different columns (d = 128) or rows (d = 32 and 64), one per
+    /// consumer where each computes every column over its own keys (d =
+    /// 96), which the warps that add them to the accumulator sum.
     pub const fn dq_partials(&self) -> u32 {
-        if self.dq_columns() < self.head_dim {
+        if self.dq_columns() < self.head_dim || self.splits_d_q_rows() {
             1
         } else {
             HOPPER_BACKWARD_CONSUMERS
@@ -297,19 +338,20 @@ impl HopperBackwardConfig {
         let k = 0;
         let v = k + block_n * row;
         let q = v + block_n * row;
-        let stage_bytes = HOPPER_BACKWARD_BLOCK_M * row;
+        let block_m = self.block_m();
+        let stage_bytes = block_m * row;
         let d_o = q + HOPPER_BACKWARD_STAGES * stage_bytes;
         let p = d_o + self.d_o_stages() * stage_bytes;
         let (p_bytes, row_stats_bytes) = if self.transposes_scores() {
-            (0, HOPPER_BACKWARD_CONSUMERS * 2 * 2 * HOPPER_BACKWARD_BLOCK_M * 4)
+            (0, self.row_stat_copies() * 2 * 2 * block_m * 4)
         } else {
-            (HOPPER_BACKWARD_CONSUMERS * HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES, 0)
+            (HOPPER_BACKWARD_CONSUMERS * block_m * SLAB_ROW_BYTES, 0)
         };
         let row_stats = p + p_bytes;
         let d_s = row_stats + row_stats_bytes;
-        let d_s_bytes = HOPPER_BACKWARD_BLOCK_M * block_n * 2;
+        let d_s_bytes = block_m * block_n * 2;
         let d_q = d_s + 2 * d_s_bytes;
-        let d_q_bytes = HOPPER_BACKWARD_BLOCK_M * self.dq_pitch();
+        let d_q_bytes = block_m * self.dq_pitch();
         let d_q_rows = d_q + self.dq_partials() * d_q_bytes;
         let barriers = d_q_rows + 2 * 16;
         let end = barriers + 8 * HOPPER_BACKWARD_BARRIERS;
@@ -368,7 +410,7 @@ pub struct HopperBackwardParams {
     /// Four tensor maps in global memory, 64-byte aligned: q, k, v and dO,
     /// each over `[batch, seqlen, heads, head_dim]` (dimension 0 innermost),
     /// boxes of [`HopperBackwardConfig::slab_columns`] columns (the 128- or
-    /// 64-byte swizzle) and [`HOPPER_BACKWARD_BLOCK_M`] (q, dO) or
+    /// 64-byte swizzle) and [`HopperBackwardConfig::block_m`] (q, dO) or
     /// [`HopperBackwardConfig::block_n`] (k, v) rows.
     pub tensor_maps: *const TensorMap,
 }
@@ -507,9 +549,18 @@ mod tests {
         assert_eq!((l.d_q, l.d_q_bytes), (165888, 64 * 544));
         assert_eq!((l.d_q_rows, l.barriers), (165888 + 34816, 165888 + 34816 + 32));
         assert_eq!(hopper_backward_config_of(128).smem_bytes(), 200704 + 32 + 104 + 1024);
-        // d = 64: a dQ buffer per consumer.
-        let l = hopper_backward_config_of(64).layout();
-        assert_eq!((l.d_q_bytes, l.d_q_rows - l.d_q), (64 * 288, 2 * 64 * 288));
+        assert_eq!(
+            (hopper_backward_config_of(128).block_m(), hopper_backward_config_of(128).row_stat_copies()),
+            (64, 2)
+        );
+        // d = 64: steps of 128 rows, one copy of their LSE and delta, one
+        // dQ buffer of them (each consumer's half of the rows).
+        let c = hopper_backward_config_of(64);
+        assert_eq!((c.block_m(), c.score_columns(), c.row_stat_copies(), c.dq_partials()), (128, 128, 1, 1));
+        let l = c.layout();
+        assert_eq!((l.q, l.d_o, l.stage_bytes, l.row_stats), (32768, 65536, 16384, 98304));
+        assert_eq!((l.d_s, l.d_s_bytes, l.d_q, l.d_q_bytes), (100352, 32768, 165888, 128 * 288));
+        assert_eq!(c.smem_bytes(), 165888 + 128 * 288 + 32 + 104 + 1024);
         // d = 96: 32-column slabs (three of 64-byte rows), a dQ buffer per consumer.
         let c = hopper_backward_config_of(96);
         assert_eq!((c.slab_columns(), c.dq_columns(), c.dq_partials()), (32, 96, 2));

@@ -16,7 +16,7 @@ use flash_attn_abi::hopper::{
     hopper_block_m, hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, SLAB_COLUMNS,
 };
 use flash_attn_abi::hopper_backward::{
-    hopper_backward_kernel, HopperBackwardKernel, HopperBackwardParams, HopperBackwardScratch, HOPPER_BACKWARD_BLOCK_M,
+    hopper_backward_kernel, HopperBackwardKernel, HopperBackwardParams, HopperBackwardScratch,
 };
 use flash_attn_abi::kernels::{
     attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
@@ -587,7 +587,7 @@ fn hopper_backward_launch(call: &BackwardCall) -> Option<HopperBackwardLaunch> {
     }
     let kernel = hopper_backward_kernel(u32::try_from(p.head_dim).ok()?, f.dtype, variant)?;
     let columns = kernel.config.slab_columns();
-    let (rows, keys) = ((columns, HOPPER_BACKWARD_BLOCK_M), (columns, kernel.config.block_n()));
+    let (rows, keys) = ((columns, kernel.config.block_m()), (columns, kernel.config.block_n()));
     let maps = [
         tma_map(f, &f.q, [p.batch, p.seqlen_q, p.heads_q], rows),
         tma_map(f, &f.k, [p.batch, p.seqlen_k, p.heads_kv], keys),

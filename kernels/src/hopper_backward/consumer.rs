@@ -6,7 +6,8 @@
 //! It computes the scores transposed, its 64 keys as the `wgmma` M, as
 //! FlashAttention-3's backward: the probabilities and their gradients are
 //! then in registers in the layout the key gradients take as A. Per step
-//! (64 query rows, Q and dO in their rings' stages):
+//! (the config's `block_m` query rows, 128 up to d = 64, else 64; Q and dO
+//! in their rings' stages):
 //!
 //! 1. `S^T = K Q^T` and `dP^T = V dO^T` (`wgmma` SS, a group each), while
 //!    the warpgroup puts the rows' LSE and delta in shared memory (each
@@ -15,9 +16,10 @@
 //!    then `dS^T = P^T (dP^T - delta)`, both rounded to A fragments;
 //! 3. `dV += P^T dO` and `dK += dS^T Q` (`wgmma` RS) while dS^T goes to
 //!    shared memory, then, once every warp that reads it has stored (a
-//!    named barrier: both consumers at d = 128, where each consumer's dQ
-//!    takes half the columns over both consumers' keys), the consumer's
-//!    part of `dQ = dS K` (dS^T as the transposed A), all in one group;
+//!    named barrier: both consumers where each consumer's dQ reads both
+//!    consumers' keys, for half the columns at d = 128 or half the rows of
+//!    a step of 128), the consumer's part of `dQ = dS K` (dS^T as the
+//!    transposed A), all in one group;
 //! 4. store dQ to shared memory (once the buffer's last turn has been
 //!    read), where the producer warpgroup's other warps add it to the f32
 //!    accumulator; then release dO's stage and Q's.
@@ -29,7 +31,7 @@
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SLAB_ROW_BYTES, WARPGROUP_THREADS};
-use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_STAGES};
+use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_STAGES};
 
 use super::smem::Smem;
 use super::{stage_of, KeyBlock};
@@ -58,12 +60,15 @@ pub(super) fn sync_stores<const D: usize>(consumer: u32) {
 
 /// Waits until every warp of consumer `consumer` has stored its part of
 /// the step's LSE and delta: a named barrier of the warpgroup (ids 3 and
-/// 4, after [`sync_stores`]'s). Their buffers alternate, so a warp that
-/// stores the next step's has passed this step's barrier only once every
-/// warp has read the last step's.
+/// 4, after [`sync_stores`]'s), or of both consumers where they share one
+/// copy (id 3). Their buffers alternate, so a warp that stores the next
+/// step's has passed this step's barrier only once every warp has read
+/// the last step's.
 #[inline(always)]
-fn sync_row_stats(consumer: u32) {
-    if consumer == 0 {
+fn sync_row_stats<const D: usize>(consumer: u32) {
+    if Smem::<D>::ROW_STAT_COPIES == 1 {
+        arch::named_barrier_sync(3, 2 * WARPGROUP_THREADS);
+    } else if consumer == 0 {
         arch::named_barrier_sync(3, WARPGROUP_THREADS);
     } else {
         arch::named_barrier_sync(4, WARPGROUP_THREADS);
@@ -71,12 +76,12 @@ fn sync_row_stats(consumer: u32) {
 }
 
 /// Whether each consumer's dQ reads both consumers' dS (d = 128 and above:
-/// each takes half the columns over all keys) or its own (d = 32, 64 and
-/// 96).
+/// each takes half the columns over all keys; d = 32 and 64: half the
+/// rows) or its own (d = 96).
 #[inline(always)]
 pub(super) const fn shared_d_s<const D: usize>() -> bool {
     let c = hopper_backward_config_of(D as u32);
-    c.dq_columns() < c.tile_dim()
+    c.dq_columns() < c.tile_dim() || c.splits_d_q_rows()
 }
 
 /// Computes consumer `consumer`'s keys' dK and dV over every step and adds
@@ -110,11 +115,13 @@ pub unsafe fn compute_keys<
     let rows = BatchRows::of(f, b.batch);
     let score_key = CONSUMER_ROWS * consumer;
     let first_key = b.first_key + score_key;
-    // dQ: half the columns over the block's keys (d = 128), or every
-    // column over the consumer's own (keys from `dq_key_offset`; the count
-    // a constant, so that the loop unrolls).
-    let (dq_first_column, dq_key_offset) =
-        if shared_d_s::<D>() { (config.dq_columns() * consumer, 0) } else { (0, score_key) };
+    // dQ: half the columns (d = 128) or half the rows (from `dq_first_row`:
+    // d = 32 and 64) over the block's keys, or every column over the
+    // consumer's own (keys from `dq_key_offset`; the count a constant, so
+    // that the loop unrolls).
+    let dq_first_column = if config.dq_columns() < config.tile_dim() { config.dq_columns() * consumer } else { 0 };
+    let dq_first_row = if config.splits_d_q_rows() { CONSUMER_ROWS * consumer } else { 0 };
+    let dq_key_offset = if shared_d_s::<D>() { 0 } else { score_key };
     let dq_keys = const {
         if shared_d_s::<D>() {
             hopper_backward_config_of(D as u32).block_n()
@@ -130,7 +137,7 @@ pub unsafe fn compute_keys<
     let last_head = (b.kv_head + 1) * heads_per_kv - 1;
     // The thread's one row statistic of each step, loaded a step ahead
     // (an L2 round trip would otherwise stall the step's start).
-    let mut stat = RowStat::load(p, &rows, b.kv_head * heads_per_kv, b.first_step, b.end_step);
+    let mut stat = RowStat::load::<D>(p, &rows, b.kv_head * heads_per_kv, b.first_step, b.end_step);
     let mut n = 0;
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
@@ -141,19 +148,19 @@ pub unsafe fn compute_keys<
             // Re-derived each step rather than held through it (registers).
             let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
             let (warp, lane) = (thread / 32, thread % 32);
-            let first_row = step * HOPPER_BACKWARD_BLOCK_M;
+            let first_row = step * Smem::<D>::BLOCK_M;
             if consumer == 0 && thread == 0 {
                 announce_d_q_rows::<D>(smem, &rows, f, head, first_row, n);
             }
 
             let (mut s, mut d_p) = issue_scores::<E, D, S_REGS, true>(smem, n, score_key);
             let stats = smem.row_stats(consumer, buffer);
-            arch::st_shared_u32(stats + 4 * thread, stat.value().to_bits());
-            sync_row_stats(consumer);
+            arch::st_shared_u32(stats + RowStat::slot::<D>(), stat.value().to_bits());
+            sync_row_stats::<D>(consumer);
             stat = if step + 1 < b.end_step {
-                RowStat::load(p, &rows, head, step + 1, b.end_step)
+                RowStat::load::<D>(p, &rows, head, step + 1, b.end_step)
             } else {
-                RowStat::load(p, &rows, head + 1, b.first_step, if head < last_head { b.end_step } else { 0 })
+                RowStat::load::<D>(p, &rows, head + 1, b.first_step, if head < last_head { b.end_step } else { 0 })
             };
             // The lane's query rows of n8-tile `t`: `8 t + 2 (lane % 4)` and the next.
             let lane_stats = stats + 8 * (lane % 4);
@@ -199,14 +206,16 @@ pub unsafe fn compute_keys<
             for (j, fragment) in d_s_t[0].iter().enumerate() {
                 E::wgmma_rs::<DV_REGS, 1>(&mut d_k, fragment, smem.q_rows(stage, 0, j as u32), true);
             }
-            // dS^T to the consumer's slab: A fragment register `r` of
-            // k-step `j` holds keys `lane / 4 + 8 (r % 2)` of the warp's 16,
-            // query rows `16 j + 8 (r / 2) + 2 (lane % 4)` and the next.
+            // dS^T to the consumer's slabs (64 query rows each): A fragment
+            // register `r` of k-step `j` holds keys `lane / 4 + 8 (r % 2)` of
+            // the warp's 16, query rows `16 j + 8 (r / 2) + 2 (lane % 4)` and
+            // the next.
             for (j, fragment) in d_s_t[0].iter().enumerate() {
+                let slab = consumer * Smem::<D>::D_S_ROW_SLABS + j as u32 / 4;
                 for (r, &pair) in fragment.iter().enumerate() {
                     let key = 16 * warp + lane / 4 + 8 * (r as u32 % 2);
-                    let row = 16 * j as u32 + 8 * (r as u32 / 2) + 2 * (lane % 4);
-                    arch::st_shared_u32(smem.d_s(buffer, consumer) + swizzled(key, row), pair);
+                    let row = 16 * (j as u32 % 4) + 8 * (r as u32 / 2) + 2 * (lane % 4);
+                    arch::st_shared_u32(smem.d_s(buffer, slab) + swizzled(key, row), pair);
                 }
             }
             // The stores are the generic proxy's; `wgmma` reads through the async one.
@@ -214,7 +223,8 @@ pub unsafe fn compute_keys<
             sync_stores::<D>(consumer);
             arch::wgmma_fence();
             for key in (0..dq_keys).step_by(16) {
-                let (a, b_desc) = smem.d_q_operands_transposed(buffer, dq_key_offset + key, dq_first_column);
+                let (a, b_desc) =
+                    smem.d_q_operands_transposed(buffer, dq_key_offset + key, dq_first_row, dq_first_column);
                 E::wgmma_ss::<DQ_REGS, 1, 1>(&mut d_q, a, b_desc, key > 0);
             }
             arch::wgmma_commit_group();
@@ -223,7 +233,7 @@ pub unsafe fn compute_keys<
             arch::wgmma_fence_operand(&mut d_k);
             arch::wgmma_fence_operand(&mut d_q);
 
-            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, dq_first_column, warp, lane);
+            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, dq_first_row, dq_first_column, warp, lane);
             if lane == 0 {
                 arch::mbarrier_arrive(smem.d_o_empty(d_o_stage));
                 arch::mbarrier_arrive(smem.q_empty(stage));
@@ -234,9 +244,11 @@ pub unsafe fn compute_keys<
     write_keys::<E, D, DV_REGS, DV_TILES>(p, &b, &rows, &mut d_k, &mut d_v, first_key, 0);
 }
 
-/// A consumer thread's one statistic of a step's rows, as loaded: threads
-/// 0-63 the forward's LSE of rows 0-63 (natural log; +inf past seqlen_q),
-/// threads 64-127 their delta (0 past seqlen_q).
+/// A consumer thread's one statistic of a step's rows, as loaded: of the
+/// `2 * block_m` threads that store a copy (a consumer's 128, or both
+/// consumers' 256), the first `block_m` the forward's LSE of each row
+/// (natural log; +inf past seqlen_q), the others their delta (0 past
+/// seqlen_q).
 #[derive(Clone, Copy)]
 struct RowStat {
     loaded: f32,
@@ -247,16 +259,29 @@ impl RowStat {
     /// The thread's statistic of step `step` of query head `head`, loaded
     /// where the step is below `end_step` and the row below seqlen_q.
     #[inline(always)]
-    unsafe fn load(p: &BackwardParams, rows: &BatchRows, head: u32, step: u32, end_step: u32) -> Self {
-        let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
-        let is_lse = thread < HOPPER_BACKWARD_BLOCK_M;
-        let row = step * HOPPER_BACKWARD_BLOCK_M + thread % HOPPER_BACKWARD_BLOCK_M;
+    unsafe fn load<const D: usize>(p: &BackwardParams, rows: &BatchRows, head: u32, step: u32, end_step: u32) -> Self {
+        let thread = Self::thread::<D>();
+        let block_m = Smem::<D>::BLOCK_M;
+        let is_lse = thread < block_m;
+        let row = step * block_m + thread % block_m;
         let mut loaded = if is_lse { f32::INFINITY } else { 0.0 };
         if step < end_step && row < rows.seqlen_q {
             let at = rows.lse_index(&p.forward, head, row) as isize;
             loaded = arch::ld_global_f32(if is_lse { p.forward.lse } else { p.delta }.offset(at));
         }
         RowStat { loaded, is_lse }
+    }
+
+    /// The thread's place among those that store its copy.
+    #[inline(always)]
+    fn thread<const D: usize>() -> u32 {
+        (arch::thread_idx_x_here() - WARPGROUP_THREADS) % (2 * Smem::<D>::BLOCK_M)
+    }
+
+    /// The byte offset of the thread's value in its copy's buffer.
+    #[inline(always)]
+    fn slot<const D: usize>() -> u32 {
+        4 * Self::thread::<D>()
     }
 
     /// What the step's lanes read: the LSE in log2 units (+inf for a row
@@ -337,11 +362,12 @@ pub(super) unsafe fn announce_d_q_rows<const D: usize>(
     arch::st_shared_v2(at, [first as u32, (first >> 32) as u32]);
     // The slot's last word is padding, stored so that the adders' one
     // 16-byte load reads no unwritten memory.
-    arch::st_shared_v2(at + 8, [(rows.seqlen_q - first_row).min(HOPPER_BACKWARD_BLOCK_M), 0]);
+    arch::st_shared_v2(at + 8, [(rows.seqlen_q - first_row).min(Smem::<D>::BLOCK_M), 0]);
 }
 
-/// The block's `n`-th step's dQ of consumer `consumer` (its columns from
-/// `dq_first_column` on) to shared memory once the buffer is free for the
+/// The block's `n`-th step's dQ of consumer `consumer` (its 64 rows from
+/// `dq_first_row` on, its columns from `dq_first_column` on) to shared
+/// memory once the buffer is free for the
 /// consumer's turn: turn 0 once the last turn of the last step has been
 /// read, turn 1 once this step's turn 0 has; then says it is there. The
 /// producer warpgroup adds it to the accumulator.
@@ -354,6 +380,7 @@ pub(super) unsafe fn store_d_q<const D: usize, const DQ_REGS: usize, const DQ_TI
     d_q: &mut WgmmaAccumulator<DQ_REGS>,
     consumer: u32,
     n: u32,
+    dq_first_row: u32,
     dq_first_column: u32,
     warp: u32,
     lane: u32,
@@ -363,7 +390,8 @@ pub(super) unsafe fn store_d_q<const D: usize, const DQ_REGS: usize, const DQ_TI
     arch::mbarrier_wait_parity(smem.d_q_empty(turn), empty_parity);
     // The lane's first element; the others are constants further.
     let buffer_column = dq_first_column % Smem::<D>::DQ_BUFFER_COLUMNS;
-    let lane_at = smem.d_q(consumer % Smem::<D>::DQ_PARTIALS, 16 * warp + lane / 4, 4 * buffer_column) + 8 * (lane % 4);
+    let lane_row = dq_first_row + 16 * warp + lane / 4;
+    let lane_at = smem.d_q(consumer % Smem::<D>::DQ_PARTIALS, lane_row, 4 * buffer_column) + 8 * (lane % 4);
     let d_q_tiles = as_tiles::<DQ_REGS, DQ_TILES>(d_q);
     for (t, tile) in d_q_tiles[0].iter().enumerate() {
         for half in 0..2 {

@@ -2,7 +2,8 @@
 //! on `wgmma` and TMA, warp-specialized as the forward ([`crate::hopper`]).
 //!
 //! A block is one key block ([`HopperBackwardConfig::block_n`] keys) of one
-//! key/value head and batch. It walks every query step (64 rows) of every
+//! key/value head and batch. It walks every query step
+//! ([`HopperBackwardConfig::block_m`] rows: 128 up to d = 64, else 64) of every
 //! query head of its group whose rows see its keys, and keeps dK and dV of
 //! its keys in registers through all of them:
 //!
@@ -22,7 +23,8 @@
 //!   `dV += P^T dO`, `dK += dS^T Q` (from registers up to d = 128, else
 //!   from shared memory) and their share of `dQ = dS K` (dS from shared
 //!   memory), which they store to shared memory (at tile dim 256 one
-//!   consumer's half at a time: the buffer of both would not fit).
+//!   consumer's half at a time: the buffer of both would not fit; in
+//!   steps of 128 rows, each consumer's 64 rows).
 //!
 //! The prepare and finish kernels around it are the portable ones
 //! ([`crate::backward::rows`]).
@@ -34,8 +36,7 @@ pub mod split_consumer;
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
 use flash_attn_abi::hopper_backward::{
-    hopper_backward_config_of, HopperBackwardConfig, HopperBackwardParams, HOPPER_BACKWARD_BLOCK_M,
-    HOPPER_BACKWARD_STAGES,
+    hopper_backward_config_of, HopperBackwardConfig, HopperBackwardParams, HOPPER_BACKWARD_STAGES,
 };
 
 use crate::arch;
@@ -63,6 +64,7 @@ impl KeyBlock {
     pub fn of<const D: usize>(p: &BackwardParams, causal: bool) -> Self {
         let f = &p.forward;
         let block_n = const { hopper_backward_config_of(D as u32).block_n() };
+        let block_m = const { hopper_backward_config_of(D as u32).block_m() };
         let (first_key, kv_head, batch) = (arch::block_idx_x() * block_n, arch::block_idx_y(), arch::block_idx_z());
         let visibility = Visibility {
             seqlen_k: f.seqlen_k as i32,
@@ -72,11 +74,8 @@ impl KeyBlock {
         };
         let last_key = (first_key + block_n).min(f.seqlen_k) - 1;
         let (row_begin, row_end) = visibility.rows_seeing_keys(first_key, last_key, f.seqlen_q);
-        let (first_step, end_step) = if row_end > row_begin {
-            (row_begin / HOPPER_BACKWARD_BLOCK_M, row_end.div_ceil(HOPPER_BACKWARD_BLOCK_M))
-        } else {
-            (0, 0)
-        };
+        let (first_step, end_step) =
+            if row_end > row_begin { (row_begin / block_m, row_end.div_ceil(block_m)) } else { (0, 0) };
         KeyBlock { batch, kv_head, first_key, visibility, first_step, end_step }
     }
 
@@ -97,8 +96,8 @@ pub fn stage_of(n: u32, stages: u32) -> (u32, u32) {
 
 /// The kernel body of one instance: element `E`, head dim `D`, causal or
 /// not; `S_REGS`, `S_TILES` and `S_STEPS` the accumulator registers,
-/// n8-tiles and k16-steps of a consumer's S (the config's `score_keys / 2`,
-/// `/ 8` and `/ 16`), `DV_REGS` and
+/// n8-tiles and k16-steps of a consumer's S (the config's `score_columns /
+/// 2`, `/ 8` and `/ 16`), `DV_REGS` and
 /// `DV_TILES` those of dK and dV (of `gradient_columns`), `DQ_REGS` and
 /// `DQ_TILES` those of dQ (of `dq_columns`), which Rust cannot derive.
 ///
@@ -125,7 +124,7 @@ pub unsafe fn hopper_backward<
 ) {
     const {
         let c: HopperBackwardConfig = hopper_backward_config_of(D as u32);
-        let (s, dv, dq) = (c.score_keys() as usize, c.gradient_columns() as usize, c.dq_columns() as usize);
+        let (s, dv, dq) = (c.score_columns() as usize, c.gradient_columns() as usize, c.dq_columns() as usize);
         assert!(S_REGS * 2 == s && S_TILES * 8 == s && S_STEPS * 16 == s);
         assert!(DV_REGS * 2 == dv && DV_TILES * 8 == dv);
         assert!(DQ_REGS * 2 == dq && DQ_TILES * 8 == dq);
@@ -187,7 +186,7 @@ unsafe fn load_block<const D: usize>(p: &HopperBackwardParams, smem: &Smem<D>, c
     for g in 0..heads_per_kv {
         let head = (b.kv_head * heads_per_kv + g) as i32;
         for step in b.first_step..b.end_step {
-            let row = (step * HOPPER_BACKWARD_BLOCK_M) as i32;
+            let row = (step * Smem::<D>::BLOCK_M) as i32;
             let (stage, parity) = stage_of(n, HOPPER_BACKWARD_STAGES);
             arch::mbarrier_wait_parity(smem.q_empty(stage), parity ^ 1);
             arch::mbarrier_arrive_expect_tx(smem.q_full(stage), Smem::<D>::STAGE_BYTES);

@@ -8,7 +8,8 @@
 //! columns in the 64-byte swizzle (64-byte rows, 8-row groups 512 bytes
 //! apart), as TMA lands them. P and dS, which the consumers store, are
 //! slabs of 64 keys in the 128-byte swizzle (dS^T, 64 query rows a slab
-//! row, where the consumers transpose the scores). One layout serves both
+//! row, where the consumers transpose the scores: a step of 128 rows
+//! takes two slabs of a consumer's keys). One layout serves both
 //! ways a product reads a tile: K-major where the tile's columns are the
 //! reduction (Q, K, dO and V in the scores, dS in dQ), MN-major where its
 //! rows are (P and dS transposed as A of the key gradients, dS^T as A of
@@ -18,16 +19,16 @@
 use flash_attn_abi::hopper::SLAB_ROW_BYTES;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SMEM_ALIGN, WARPGROUP_THREADS};
 use flash_attn_abi::hopper_backward::{
-    hopper_backward_config_of, HopperBackwardConfig, HopperBackwardSmem, HOPPER_BACKWARD_BLOCK_M,
-    HOPPER_BACKWARD_CONSUMERS, HOPPER_BACKWARD_STAGES,
+    hopper_backward_config_of, HopperBackwardConfig, HopperBackwardSmem, HOPPER_BACKWARD_CONSUMERS,
+    HOPPER_BACKWARD_STAGES,
 };
 
 use crate::arch;
 use crate::hopper::smem::{k_major, swizzled_operand};
 
-/// Bytes of one P or dS slab (a step's 64 rows of 64 keys), and of 16 of
-/// its rows: one `wgmma` k-step along the rows.
-const P_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_M * SLAB_ROW_BYTES;
+/// Bytes of one P or dS slab (64 rows of 64 keys, or of dS^T 64 rows of 64
+/// query rows), and of 16 of its rows: one `wgmma` k-step along the rows.
+const P_SLAB_BYTES: u32 = CONSUMER_ROWS * SLAB_ROW_BYTES;
 const P_K_STEP_BYTES: u32 = 16 * SLAB_ROW_BYTES;
 
 /// The block's shared memory for head dim `D`, at a 1024-byte aligned base.
@@ -39,6 +40,11 @@ pub struct Smem<const D: usize> {
 
 impl<const D: usize> Smem<D> {
     const CONFIG: HopperBackwardConfig = hopper_backward_config_of(D as u32);
+    /// Query rows of a step, and slabs of them in a consumer's dS^T.
+    pub const BLOCK_M: u32 = Self::CONFIG.block_m();
+    pub const D_S_ROW_SLABS: u32 = Self::BLOCK_M / CONSUMER_ROWS;
+    /// Copies of a step's LSE and delta: one per consumer, or one of both.
+    pub const ROW_STAT_COPIES: u32 = Self::CONFIG.row_stat_copies();
     /// Columns of a slab of K, V, Q or dO, bytes of its rows, and slabs of
     /// a row (over the tile dim: those past the head dim TMA fills with zeros).
     pub const SLAB_COLUMNS: u32 = Self::CONFIG.slab_columns();
@@ -48,7 +54,7 @@ impl<const D: usize> Smem<D> {
     const K_STEPS_PER_SLAB: u32 = Self::ROW_BYTES / 32;
     /// Bytes of one slab of K or V (the block's keys), and of Q or dO (a step's rows).
     pub const KV_SLAB_BYTES: u32 = Self::CONFIG.block_n() * Self::ROW_BYTES;
-    pub const STEP_SLAB_BYTES: u32 = HOPPER_BACKWARD_BLOCK_M * Self::ROW_BYTES;
+    pub const STEP_SLAB_BYTES: u32 = Self::BLOCK_M * Self::ROW_BYTES;
     /// Bytes TMA lands for K (or V), and for a stage of Q (or of dO).
     pub const KV_BYTES: u32 = Self::SLABS * Self::KV_SLAB_BYTES;
     pub const STAGE_BYTES: u32 = Self::SLABS * Self::STEP_SLAB_BYTES;
@@ -114,19 +120,23 @@ impl<const D: usize> Smem<D> {
         self.base() + self.layout.p + slab * P_SLAB_BYTES
     }
 
-    /// The LSE (log2) of a step's 64 rows, f32, in consumer `consumer`'s
-    /// buffer `buffer` (steps alternate); their delta
-    /// [`Self::DELTA_BYTES`] further.
+    /// The LSE (log2) of a step's rows, f32, in consumer `consumer`'s copy
+    /// (its own, or where there is one, both consumers') of buffer
+    /// `buffer` (steps alternate); their delta [`Self::DELTA_BYTES`]
+    /// further.
     #[inline(always)]
     pub fn row_stats(&self, consumer: u32, buffer: u32) -> u32 {
-        self.base() + self.layout.row_stats + 2 * Self::DELTA_BYTES * (2 * consumer + buffer)
+        let copy = if Self::ROW_STAT_COPIES == 1 { 0 } else { consumer };
+        self.base() + self.layout.row_stats + 2 * Self::DELTA_BYTES * (2 * copy + buffer)
     }
 
     /// Bytes from a step's LSE to its delta in [`Self::row_stats`].
-    pub const DELTA_BYTES: u32 = 4 * HOPPER_BACKWARD_BLOCK_M;
+    pub const DELTA_BYTES: u32 = 4 * Self::BLOCK_M;
 
-    /// dS of buffer `buffer` (steps alternate), keys `64 * slab..` of the
-    /// block (one slab): dS^T where the consumers transpose the scores.
+    /// dS of buffer `buffer` (steps alternate), slab `slab` (8 KiB): keys
+    /// `64 * slab..` of the block, or where the consumers transpose the
+    /// scores, dS^T of consumer `slab / D_S_ROW_SLABS`'s keys and query
+    /// rows `64 * (slab % D_S_ROW_SLABS)..` of the step.
     #[inline(always)]
     pub fn d_s(&self, buffer: u32, slab: u32) -> u32 {
         self.base() + self.layout.d_s + buffer * self.layout.d_s_bytes + slab * P_SLAB_BYTES
@@ -272,11 +282,13 @@ impl<const D: usize> Smem<D> {
 
     /// `dQ = dS K` at the k-step of keys `key..key + 16` of the block,
     /// where the consumers store dS^T: its slab rows of those keys as the
-    /// MN-major A (the step's 64 query rows the M, contiguous), K's rows as
-    /// the MN-major B from column `column` (a slab's first) on.
+    /// MN-major A (the step's 64 query rows from `first_row` (0 or 64) the
+    /// M, contiguous), K's rows as the MN-major B from column `column` (a
+    /// slab's first) on.
     #[inline(always)]
-    pub fn d_q_operands_transposed(&self, buffer: u32, key: u32, column: u32) -> (u64, u64) {
-        let d_s_t = self.d_s(buffer, key / CONSUMER_ROWS) + P_K_STEP_BYTES * (key % CONSUMER_ROWS / 16);
+    pub fn d_q_operands_transposed(&self, buffer: u32, key: u32, first_row: u32, column: u32) -> (u64, u64) {
+        let slab = key / CONSUMER_ROWS * Self::D_S_ROW_SLABS + first_row / CONSUMER_ROWS;
+        let d_s_t = self.d_s(buffer, slab) + P_K_STEP_BYTES * (key % CONSUMER_ROWS / 16);
         let k = self.k(column / Self::SLAB_COLUMNS) + key * Self::ROW_BYTES;
         (p_operand(d_s_t), Self::mn_major(k, Self::KV_SLAB_BYTES))
     }

@@ -24,7 +24,7 @@
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
-use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_BLOCK_M, HOPPER_BACKWARD_STAGES};
+use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_STAGES};
 
 use super::consumer::{announce_d_q_rows, issue_scores, store_d_q, swizzled, sync_stores, write_keys};
 use super::smem::Smem;
@@ -36,7 +36,8 @@ use crate::hopper::consumer::as_tiles;
 use crate::softmax::ScoreMask;
 
 /// Computes consumer `consumer`'s columns of the block's keys' dK and dV
-/// over every step and adds its columns of each step's dQ.
+/// over every step (64 query rows: one `wgmma` M of S) and adds its
+/// columns of each step's dQ.
 ///
 /// # Safety
 /// As [`super::hopper_backward`]; both consumer warpgroups call it, above
@@ -87,7 +88,7 @@ pub unsafe fn compute_key_columns<
             // Re-derived each step rather than held through it (registers).
             let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
             let (warp, lane) = (thread / 32, thread % 32);
-            let first_row = step * HOPPER_BACKWARD_BLOCK_M;
+            let first_row = step * Smem::<D>::BLOCK_M;
             let warp_row = first_row + 16 * warp + lane / 4;
             // The two rows' LSE (log2, +inf for a row past seqlen_q or one
             // that sees no key: its P is 0) and delta.
@@ -161,12 +162,12 @@ pub unsafe fn compute_key_columns<
                 E::wgmma_ss::<DQ_REGS, 0, 1>(&mut d_q, a, b_desc, key > 0);
             }
             arch::wgmma_commit_group();
-            for k in 0..HOPPER_BACKWARD_BLOCK_M / 16 {
+            for k in 0..Smem::<D>::BLOCK_M / 16 {
                 let (a, b_desc) = smem.d_v_operands(d_o_stage, buffer, gradient_column, k);
                 E::wgmma_ss::<DV_REGS, 1, 1>(&mut d_v, a, b_desc, true);
             }
             arch::wgmma_commit_group();
-            for k in 0..HOPPER_BACKWARD_BLOCK_M / 16 {
+            for k in 0..Smem::<D>::BLOCK_M / 16 {
                 let (a, b_desc) = smem.d_k_operands(buffer, stage, 0, gradient_column, k);
                 E::wgmma_ss::<DV_REGS, 1, 1>(&mut d_k, a, b_desc, true);
             }
@@ -174,7 +175,7 @@ pub unsafe fn compute_key_columns<
             arch::wgmma_wait_group::<2>();
             arch::wgmma_fence_operand(&mut d_q);
 
-            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, dq_first_column, warp, lane);
+            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, 0, dq_first_column, warp, lane);
             arch::wgmma_wait_group::<1>();
             if lane == 0 {
                 arch::mbarrier_arrive(smem.d_o_empty(d_o_stage));
