@@ -233,7 +233,7 @@ pub unsafe fn compute_keys<
             arch::wgmma_fence_operand(&mut d_k);
             arch::wgmma_fence_operand(&mut d_q);
 
-            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, dq_first_row, dq_first_column, warp, lane);
+            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, (dq_first_row, dq_first_column), warp, lane);
             if lane == 0 {
                 arch::mbarrier_arrive(smem.d_o_empty(d_o_stage));
                 arch::mbarrier_arrive(smem.q_empty(stage));
@@ -380,8 +380,7 @@ pub(super) unsafe fn store_d_q<const D: usize, const DQ_REGS: usize, const DQ_TI
     d_q: &mut WgmmaAccumulator<DQ_REGS>,
     consumer: u32,
     n: u32,
-    dq_first_row: u32,
-    dq_first_column: u32,
+    (dq_first_row, dq_first_column): (u32, u32),
     warp: u32,
     lane: u32,
 ) {

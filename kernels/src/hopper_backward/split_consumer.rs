@@ -175,7 +175,7 @@ pub unsafe fn compute_key_columns<
             arch::wgmma_wait_group::<2>();
             arch::wgmma_fence_operand(&mut d_q);
 
-            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, 0, dq_first_column, warp, lane);
+            store_d_q::<D, DQ_REGS, DQ_TILES>(smem, &mut d_q, consumer, n, (0, dq_first_column), warp, lane);
             arch::wgmma_wait_group::<1>();
             if lane == 0 {
                 arch::mbarrier_arrive(smem.d_o_empty(d_o_stage));
