@@ -34,7 +34,7 @@ use flash_attn_abi::hopper::{CONSUMER_ROWS, SLAB_ROW_BYTES, WARPGROUP_THREADS};
 use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_STAGES};
 
 use super::smem::Smem;
-use super::{stage_of, KeyBlock};
+use super::{stage_of, KeyBlock, StepPlace};
 use crate::arch::{self, WgmmaAccumulator};
 use crate::backward::BatchRows;
 use crate::element::Element;
@@ -142,13 +142,7 @@ pub unsafe fn compute_keys<
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
         for step in b.first_step..b.end_step {
-            let (stage, _) = stage_of(n, HOPPER_BACKWARD_STAGES);
-            let (d_o_stage, _) = stage_of(n, Smem::<D>::D_O_STAGES);
-            let buffer = n % 2;
-            // Re-derived each step rather than held through it (registers).
-            let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
-            let (warp, lane) = (thread / 32, thread % 32);
-            let first_row = step * Smem::<D>::BLOCK_M;
+            let StepPlace { stage, d_o_stage, buffer, thread, warp, lane, first_row } = StepPlace::of::<D>(n, step);
             if consumer == 0 && thread == 0 {
                 announce_d_q_rows::<D>(smem, &rows, f, head, first_row, n);
             }

@@ -94,6 +94,34 @@ pub fn stage_of(n: u32, stages: u32) -> (u32, u32) {
     (n % stages, (n / stages) & 1)
 }
 
+/// Where a consumer thread's `n`-th step of the block (query step `step`)
+/// lies: the stages of Q's ring and of dO's, the buffer of the consumers'
+/// own stores (steps alternate), the thread's warp and lane in its
+/// warpgroup, and the step's first query row. Both consumers' step loops
+/// take it at the top of each step: the thread is re-derived each step
+/// rather than held through it (registers).
+#[derive(Clone, Copy)]
+pub struct StepPlace {
+    pub stage: u32,
+    pub d_o_stage: u32,
+    pub buffer: u32,
+    pub thread: u32,
+    pub warp: u32,
+    pub lane: u32,
+    pub first_row: u32,
+}
+
+impl StepPlace {
+    #[inline(always)]
+    pub fn of<const D: usize>(n: u32, step: u32) -> Self {
+        let (stage, _) = stage_of(n, HOPPER_BACKWARD_STAGES);
+        let (d_o_stage, _) = stage_of(n, Smem::<D>::D_O_STAGES);
+        let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
+        let (warp, lane) = (thread / 32, thread % 32);
+        StepPlace { stage, d_o_stage, buffer: n % 2, thread, warp, lane, first_row: step * Smem::<D>::BLOCK_M }
+    }
+}
+
 /// The kernel body of one instance: element `E`, head dim `D`, causal or
 /// not; `S_REGS`, `S_TILES` and `S_STEPS` the accumulator registers,
 /// n8-tiles and k16-steps of a consumer's S (the config's `score_columns /

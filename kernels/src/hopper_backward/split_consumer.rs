@@ -23,12 +23,11 @@
 //! of the block's keys are stored.
 
 use flash_attn_abi::backward::BackwardParams;
-use flash_attn_abi::hopper::WARPGROUP_THREADS;
-use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_STAGES};
+use flash_attn_abi::hopper_backward::hopper_backward_config_of;
 
 use super::consumer::{announce_d_q_rows, issue_scores, store_d_q, swizzled, sync_stores, write_keys};
 use super::smem::Smem;
-use super::{stage_of, KeyBlock};
+use super::{KeyBlock, StepPlace};
 use crate::arch::{self, WgmmaAccumulator};
 use crate::backward::BatchRows;
 use crate::element::Element;
@@ -78,17 +77,10 @@ pub unsafe fn compute_key_columns<
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
         for step in b.first_step..b.end_step {
-            let (stage, _) = stage_of(n, HOPPER_BACKWARD_STAGES);
-            let (d_o_stage, _) = stage_of(n, Smem::<D>::D_O_STAGES);
-            // P's and dS's buffer: steps alternate. Every thread of both
-            // consumers reaches the last step's `sync_stores` past its wait
-            // for the products of the step before, the last to read this
-            // step's buffer.
-            let buffer = n % 2;
-            // Re-derived each step rather than held through it (registers).
-            let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
-            let (warp, lane) = (thread / 32, thread % 32);
-            let first_row = step * Smem::<D>::BLOCK_M;
+            // P's and dS's `buffer`: every thread of both consumers reaches
+            // the last step's `sync_stores` past its wait for the products
+            // of the step before, the last to read this step's buffer.
+            let StepPlace { stage, d_o_stage, buffer, thread, warp, lane, first_row } = StepPlace::of::<D>(n, step);
             let warp_row = first_row + 16 * warp + lane / 4;
             // The two rows' LSE (log2, +inf for a row past seqlen_q or one
             // that sees no key: its P is 0) and delta.
