@@ -25,14 +25,15 @@
 //!    accumulator; then release dO's stage and Q's.
 //!
 //! At the end dK (times the softmax scale) and dV of the consumer's keys
-//! are stored. The `wgmma` accumulator fragment is the `mma.sync` C
-//! fragment over n8-tiles (a warp's 16 rows, a lane's rows `lane / 4` and
-//! `lane / 4 + 8`, two neighbouring columns per tile).
+//! are written ([`super::epilogue`]). The `wgmma` accumulator fragment is
+//! the `mma.sync` C fragment over n8-tiles (a warp's 16 rows, a lane's
+//! rows `lane / 4` and `lane / 4 + 8`, two neighbouring columns per tile).
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::{CONSUMER_ROWS, SLAB_ROW_BYTES, WARPGROUP_THREADS};
 use flash_attn_abi::hopper_backward::{hopper_backward_config_of, HOPPER_BACKWARD_STAGES};
 
+use super::epilogue::write_keys;
 use super::smem::Smem;
 use super::{stage_of, KeyBlock, StepPlace};
 use crate::arch::{self, WgmmaAccumulator};
@@ -132,12 +133,13 @@ pub unsafe fn compute_keys<
 
     let mut d_v = WgmmaAccumulator::<DV_REGS>::new([0.0; DV_REGS]);
     let mut d_k = WgmmaAccumulator::<DV_REGS>::new([0.0; DV_REGS]);
-    arch::mbarrier_wait_parity(smem.kv_full(), 0);
     let heads_per_kv = f.heads_per_kv;
     let last_head = (b.kv_head + 1) * heads_per_kv - 1;
     // The thread's one row statistic of each step, loaded a step ahead
-    // (an L2 round trip would otherwise stall the step's start).
+    // (an L2 round trip would otherwise stall the step's start), the
+    // first while K and V land.
     let mut stat = RowStat::load::<D>(p, &rows, b.kv_head * heads_per_kv, b.first_step, b.end_step);
+    arch::mbarrier_wait_parity(smem.kv_full(), 0);
     let mut n = 0;
     for g in 0..heads_per_kv {
         let head = b.kv_head * heads_per_kv + g;
@@ -235,7 +237,7 @@ pub unsafe fn compute_keys<
             n += 1;
         }
     }
-    write_keys::<E, D, DV_REGS, DV_TILES>(p, &b, &rows, &mut d_k, &mut d_v, first_key, 0);
+    write_keys::<E, D, DV_REGS, DV_TILES>(p, smem, &b, &rows, (&mut d_k, &mut d_v), (score_key, 0));
 }
 
 /// A consumer thread's one statistic of a step's rows, as loaded: of the
@@ -395,15 +397,6 @@ pub(super) unsafe fn store_d_q<const D: usize, const DQ_REGS: usize, const DQ_TI
     arch::mbarrier_arrive(smem.d_q_full(turn));
 }
 
-/// Whether n8-tile `t` of a product's columns from `first_column` on holds
-/// columns of the head dim `D`, not of the tile's padding past it (d =
-/// 160 and 224): always where the tile dim is the head dim.
-#[inline(always)]
-fn in_head_dim<const D: usize>(first_column: u32, t: usize) -> bool {
-    let tile_dim = const { hopper_backward_config_of(D as u32).tile_dim() };
-    tile_dim == D as u32 || first_column + 8 * (t as u32) < D as u32
-}
-
 /// The byte offset of element `column` (even) of row `row` in a slab of
 /// 128-byte rows in the 128-byte swizzle (its base 1024-byte aligned): the
 /// row's 16-byte chunks XORed with the row's place in its 8-row group.
@@ -413,48 +406,4 @@ fn in_head_dim<const D: usize>(first_column: u32, t: usize) -> bool {
 pub(super) fn swizzled(row: u32, column: u32) -> u32 {
     let byte = 2 * column;
     row * SLAB_ROW_BYTES + arch::xor_in_place(byte / 16, row % 8) * 16 + byte % 16
-}
-
-/// The epilogue of the consumer's 64 keys from `first_key` (a warp's 16
-/// each): dK times the softmax scale and dV, rounded, of the columns from
-/// `first_column` on, each lane storing its two columns of every n8-tile.
-/// Keys past seqlen_k and columns past the head dim are not written.
-///
-/// # Safety
-/// dK and dV hold every key of the call.
-#[inline(always)]
-pub(super) unsafe fn write_keys<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES: usize>(
-    p: &BackwardParams,
-    b: &KeyBlock,
-    rows: &BatchRows,
-    d_k: &mut WgmmaAccumulator<DV_REGS>,
-    d_v: &mut WgmmaAccumulator<DV_REGS>,
-    first_key: u32,
-    first_column: u32,
-) {
-    let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
-    let (warp, lane) = (thread / 32, thread % 32);
-    let (batch, head) = (b.batch as i64, b.kv_head as i64);
-    let d_k_base = p.d_k.offset((batch * p.d_k_batch_stride + head * p.d_k_head_stride) as isize);
-    let d_v_base = p.d_v.offset((batch * p.d_v_batch_stride + head * p.d_v_head_stride) as isize);
-    let scale = p.softmax_scale;
-    let d_k_tiles = as_tiles::<DV_REGS, DV_TILES>(d_k);
-    let d_v_tiles = as_tiles::<DV_REGS, DV_TILES>(d_v);
-    for half in 0..2 {
-        let key = first_key + 16 * warp + lane / 4 + 8 * half as u32;
-        if key >= rows.seqlen_k {
-            continue;
-        }
-        let d_k_row = d_k_base.offset((key as i64 * p.d_k_row_stride) as isize);
-        let d_v_row = d_v_base.offset((key as i64 * p.d_v_row_stride) as isize);
-        for (t, (k_t, v_t)) in d_k_tiles[0].iter().zip(d_v_tiles[0].iter()).enumerate() {
-            if !in_head_dim::<D>(first_column, t) {
-                continue;
-            }
-            let column = (first_column + 8 * t as u32 + 2 * (lane % 4)) as usize;
-            let dk = E::pack(k_t[2 * half] * scale, k_t[2 * half + 1] * scale);
-            arch::st_global_u32(d_k_row.add(column).cast::<u32>(), dk);
-            arch::st_global_u32(d_v_row.add(column).cast::<u32>(), E::pack(v_t[2 * half], v_t[2 * half + 1]));
-        }
-    }
 }

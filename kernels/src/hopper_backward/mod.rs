@@ -24,12 +24,15 @@
 //!   from shared memory) and their share of `dQ = dS K` (dS from shared
 //!   memory), which they store to shared memory (at tile dim 256 one
 //!   consumer's half at a time: the buffer of both would not fit; in
-//!   steps of 128 rows, each consumer's 64 rows).
+//!   steps of 128 rows, each consumer's 64 rows). At the end they write
+//!   the block's dK and dV through the shared memory of K and V
+//!   ([`epilogue`]).
 //!
 //! The prepare and finish kernels around it are the portable ones
 //! ([`crate::backward::rows`]).
 
 pub mod consumer;
+pub mod epilogue;
 pub mod smem;
 pub mod split_consumer;
 

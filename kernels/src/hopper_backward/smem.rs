@@ -102,6 +102,19 @@ impl<const D: usize> Smem<D> {
         self.base() + self.layout.v + slab * Self::KV_SLAB_BYTES
     }
 
+    /// The byte offset of element `column` (even) of row `row` in a tile
+    /// of K or V as TMA lands it: the column's slab, then the row's 16-byte
+    /// chunks XORed with the row's place in the swizzle's repeat (the
+    /// address bits above the 128-byte line: the row in the 128-byte
+    /// swizzle, half of it in the 64-byte one). The epilogue stages dK and
+    /// dV there.
+    #[inline(always)]
+    pub fn kv_offset(row: u32, column: u32) -> u32 {
+        let (slab, byte) = (column / Self::SLAB_COLUMNS, 2 * (column % Self::SLAB_COLUMNS));
+        let repeat = row * Self::ROW_BYTES / 128 % (Self::ROW_BYTES / 16);
+        slab * Self::KV_SLAB_BYTES + row * Self::ROW_BYTES + ((byte / 16) ^ repeat) * 16 + byte % 16
+    }
+
     /// Slab `slab` of Q's stage `stage`, and of dO's.
     #[inline(always)]
     pub fn q(&self, stage: u32, slab: u32) -> u32 {

@@ -20,12 +20,13 @@
 //!    dO's stage once dV is computed, and Q's.
 //!
 //! At the end dK (times the softmax scale) and dV of the consumer's columns
-//! of the block's keys are stored.
+//! of the block's keys are written ([`super::epilogue`]).
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper_backward::hopper_backward_config_of;
 
-use super::consumer::{announce_d_q_rows, issue_scores, store_d_q, swizzled, sync_stores, write_keys};
+use super::consumer::{announce_d_q_rows, issue_scores, store_d_q, swizzled, sync_stores};
+use super::epilogue::write_keys;
 use super::smem::Smem;
 use super::{KeyBlock, StepPlace};
 use crate::arch::{self, WgmmaAccumulator};
@@ -181,7 +182,7 @@ pub unsafe fn compute_key_columns<
             n += 1;
         }
     }
-    write_keys::<E, D, DV_REGS, DV_TILES>(p, &b, &rows, &mut d_k, &mut d_v, b.first_key, gradient_column);
+    write_keys::<E, D, DV_REGS, DV_TILES>(p, smem, &b, &rows, (&mut d_k, &mut d_v), (0, gradient_column));
 }
 
 /// Stores one n8-tile of a warp's P or dS, rounded, to the slab at `slab`

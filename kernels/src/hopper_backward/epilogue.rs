@@ -1,0 +1,124 @@
+//! The epilogue of an sm_90a backward block: its keys' dK (times the
+//! softmax scale) and dV, from the consumers' accumulators to global
+//! memory through shared memory.
+//!
+//! Straight from the accumulator fragments, a lane's two columns of a row
+//! are one 4-byte store, and a warp's store covers 16 bytes of each of
+//! eight rows: half of eight 32-byte sectors, and a block's dK and dV take
+//! eight times as many stores as their 16-byte runs. Here each consumer
+//! first puts its part in the shared memory of K and V, which no product
+//! reads any more, in the layout TMA lands K and V in (its swizzle spreads
+//! a warp's 4-byte stores over all 32 banks); then the 256 consumer
+//! threads copy the block's rows out 16 bytes a lane, a warp's stores
+//! whole sectors of consecutive rows.
+
+use flash_attn_abi::backward::BackwardParams;
+use flash_attn_abi::hopper::WARPGROUP_THREADS;
+use flash_attn_abi::hopper_backward::hopper_backward_config_of;
+
+use super::smem::Smem;
+use super::KeyBlock;
+use crate::arch::{self, WgmmaAccumulator};
+use crate::backward::BatchRows;
+use crate::element::Element;
+use crate::hopper::consumer::as_tiles;
+
+/// Threads of both consumer warpgroups: they stage and copy together.
+const CONSUMER_THREADS: u32 = 2 * WARPGROUP_THREADS;
+
+/// Stores the consumer's dK and dV (keys `first_key..first_key + 64` of
+/// the block at d <= 128, each consumer's own; above, the block's 64 keys
+/// and the consumer's columns from `first_column` on), then, with the
+/// other consumer, writes the block's dK and dV: keys past seqlen_k and
+/// columns past the head dim are not written.
+///
+/// # Safety
+/// Both consumer warpgroups call it, once each has waited for every
+/// `wgmma` it issued; dK and dV hold every key of the call.
+#[inline(always)]
+pub(super) unsafe fn write_keys<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES: usize>(
+    p: &BackwardParams,
+    smem: &Smem<D>,
+    b: &KeyBlock,
+    rows: &BatchRows,
+    (d_k, d_v): (&mut WgmmaAccumulator<DV_REGS>, &mut WgmmaAccumulator<DV_REGS>),
+    (first_key, first_column): (u32, u32),
+) {
+    // Every product of both consumers that reads K or V has completed.
+    sync_consumers();
+    stage::<E, D, DV_REGS, DV_TILES>(smem.k(0), d_k, p.softmax_scale, first_key, first_column);
+    stage::<E, D, DV_REGS, DV_TILES>(smem.v(0), d_v, 1.0, first_key, first_column);
+    sync_consumers();
+    let (batch, head, key) = (b.batch as i64, b.kv_head as i64, b.first_key as i64);
+    let d_k = p.d_k.offset((batch * p.d_k_batch_stride + head * p.d_k_head_stride + key * p.d_k_row_stride) as isize);
+    let d_v = p.d_v.offset((batch * p.d_v_batch_stride + head * p.d_v_head_stride + key * p.d_v_row_stride) as isize);
+    let keys_here = rows.seqlen_k - b.first_key;
+    copy_out::<D>(smem.k(0), d_k, p.d_k_row_stride, keys_here);
+    copy_out::<D>(smem.v(0), d_v, p.d_v_row_stride, keys_here);
+}
+
+/// Named barrier 5 of both consumer warpgroups (1 to 4 are the step's).
+#[inline(always)]
+fn sync_consumers() {
+    arch::named_barrier_sync(5, CONSUMER_THREADS);
+}
+
+/// The warp's rows of `acc` (keys `first_key + 16 * warp..` of the tile),
+/// times `scale` and rounded, to the tile at `tile` from column
+/// `first_column` on, each lane's two columns of a row one 4-byte store.
+///
+/// # Safety
+/// The tile is K's or V's shared memory, which nothing reads any more.
+#[inline(always)]
+unsafe fn stage<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES: usize>(
+    tile: u32,
+    acc: &mut WgmmaAccumulator<DV_REGS>,
+    scale: f32,
+    first_key: u32,
+    first_column: u32,
+) {
+    let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
+    let (warp, lane) = (thread / 32, thread % 32);
+    for (t, a_t) in as_tiles::<DV_REGS, DV_TILES>(acc)[0].iter().enumerate() {
+        let column = first_column + 8 * t as u32 + 2 * (lane % 4);
+        for half in 0..2 {
+            let row = first_key + 16 * warp + lane / 4 + 8 * half as u32;
+            let pair = E::pack(a_t[2 * half] * scale, a_t[2 * half + 1] * scale);
+            arch::st_shared_u32(tile + Smem::<D>::kv_offset(row, column), pair);
+        }
+    }
+}
+
+/// The staged tile at `tile` to the block's rows of `out` (row `r` at
+/// `out + r * row_stride`), 16 bytes a thread of both consumers, rows
+/// below `keys_here` and columns below the head dim. A slab's rows in
+/// order, each row's 16-byte runs in order: a warp reads whole swizzled
+/// lines of one slab, and writes whole sectors.
+///
+/// # Safety
+/// Both consumers have staged the tile; `out` holds the block's keys below
+/// `keys_here`.
+#[inline(always)]
+unsafe fn copy_out<const D: usize>(tile: u32, out: *mut u16, row_stride: i64, keys_here: u32) {
+    let config = const { hopper_backward_config_of(D as u32) };
+    let runs_per_slab_row = const { hopper_backward_config_of(D as u32).slab_row_bytes() / 16 };
+    let block_n = config.block_n();
+    let runs_per_thread = const {
+        let c = hopper_backward_config_of(D as u32);
+        let runs = c.block_n() * c.tile_dim() / 8;
+        assert!(runs.is_multiple_of(CONSUMER_THREADS));
+        runs / CONSUMER_THREADS
+    };
+    let thread = arch::thread_idx_x_here() - WARPGROUP_THREADS;
+    for i in 0..runs_per_thread {
+        let run = thread + CONSUMER_THREADS * i;
+        let slab = run / (runs_per_slab_row * block_n);
+        let row = run / runs_per_slab_row % block_n;
+        let column = slab * config.slab_columns() + 8 * (run % runs_per_slab_row);
+        if row < keys_here && column < D as u32 {
+            let value = arch::ld_shared_v4(tile + Smem::<D>::kv_offset(row, column));
+            let at = row as i64 * row_stride + column as i64;
+            arch::st_global_v4(out.offset(at as isize).cast::<u8>(), value);
+        }
+    }
+}
