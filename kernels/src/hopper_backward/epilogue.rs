@@ -3,14 +3,14 @@
 //! memory through shared memory.
 //!
 //! Straight from the accumulator fragments, a lane's two columns of a row
-//! are one 4-byte store, and a warp's store covers 16 bytes of each of
-//! eight rows: half of eight 32-byte sectors, and a block's dK and dV take
-//! eight times as many stores as their 16-byte runs. Here each consumer
-//! first puts its part in the shared memory of K and V, which no product
-//! reads any more, in the layout TMA lands K and V in (its swizzle spreads
-//! a warp's 4-byte stores over all 32 banks); then the 256 consumer
-//! threads copy the block's rows out 16 bytes a lane, a warp's stores
-//! whole sectors of consecutive rows.
+//! are one 4-byte store, and a warp's store writes 16 bytes into each of
+//! eight rows: half of eight 32-byte sectors (the consumers queued on the
+//! load/store unit there). Here each consumer first puts its part in the
+//! shared memory of K and V, which no product reads any more, in the
+//! layout TMA lands K and V in (its swizzle spreads a warp's 4-byte stores
+//! over all 32 banks); then the 256 consumer threads copy the block's rows
+//! out 16 bytes a lane: a warp's store is whole sectors of consecutive
+//! rows, four times the bytes.
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
