@@ -101,8 +101,8 @@ unsafe fn stage<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES
 #[inline(always)]
 unsafe fn copy_out<const D: usize>(tile: u32, out: *mut u16, row_stride: i64, keys_here: u32) {
     let config = const { hopper_backward_config_of(D as u32) };
-    let runs_per_slab_row = const { hopper_backward_config_of(D as u32).slab_row_bytes() / 16 };
-    let block_n = config.block_n();
+    // A run is 8 columns (16 bytes).
+    let (block_n, runs_per_slab_row) = (config.block_n(), config.slab_columns() / 8);
     let runs_per_thread = const {
         let c = hopper_backward_config_of(D as u32);
         let runs = c.block_n() * c.tile_dim() / 8;
