@@ -71,6 +71,11 @@ pub struct HopperSmem {
     /// V stage `s` at `v + s * v_stage_bytes`.
     pub v: u32,
     pub v_stage_bytes: u32,
+    /// O's staging buffer: each consumer's 64 rows of `o_columns` columns
+    /// (the whole head dim where it fits, else a part of it at a time), in
+    /// V's slabs, consumer `g`'s at `o + g * 64 * o_columns * 2`.
+    pub o: u32,
+    pub o_columns: u32,
     /// The mbarriers, 8 bytes each: Q full, Q empty, then per stage K
     /// full, K empty, V full, V empty.
     pub barriers: u32,
@@ -90,10 +95,25 @@ impl HopperSmem {
         let v_stage_bytes = block_n * head_dim * 2;
         let k = q_bytes;
         let v = k + stages * k_stage_bytes;
-        let barriers = v + stages * v_stage_bytes;
+        let o = v + stages * v_stage_bytes;
+        let barrier_bytes = 8 * (2 + 4 * stages) + 8;
+        let o_columns = o_columns(head_dim, block_m, MAX_HOPPER_SMEM - SMEM_ALIGN - o - barrier_bytes);
+        let barriers = o + block_m * o_columns * 2;
         let tile_slot = barriers + 8 * (2 + 4 * stages);
-        HopperSmem { q: 0, k, k_stage_bytes, v, v_stage_bytes, barriers, tile_slot, end: tile_slot + 8 }
+        HopperSmem { q: 0, k, k_stage_bytes, v, v_stage_bytes, o, o_columns, barriers, tile_slot, end: tile_slot + 8 }
     }
+}
+
+/// The columns of O a consumer stages at a time in `room` bytes for `block_m`
+/// rows: the most, of whole V slabs, that divide the head dim (0 if not even
+/// one slab fits, which the table's check rejects).
+const fn o_columns(head_dim: u32, block_m: u32, room: u32) -> u32 {
+    let slab = v_slab_columns(head_dim);
+    let mut columns = head_dim;
+    while columns > 0 && (!head_dim.is_multiple_of(columns) || block_m * columns * 2 > room) {
+        columns -= slab;
+    }
+    columns
 }
 
 impl HopperConfig {
@@ -384,6 +404,9 @@ const _: () = {
         let l = c.layout();
         assert!(l.k.is_multiple_of(SMEM_ALIGN) && l.v.is_multiple_of(SMEM_ALIGN));
         assert!(l.k_stage_bytes.is_multiple_of(SMEM_ALIGN) && l.v_stage_bytes.is_multiple_of(SMEM_ALIGN));
+        // O is staged in whole V slabs, at least one.
+        assert!(l.o_columns > 0 && l.o_columns.is_multiple_of(c.v_slab_columns()));
+        assert!(c.head_dim.is_multiple_of(l.o_columns));
         i += 1;
     }
 };
@@ -430,7 +453,18 @@ mod tests {
     fn d128_layout_is_q_then_two_stages_of_k_and_v() {
         let l = hopper_config_of(128, Variant::Full, 128).layout();
         assert_eq!((l.q, l.k, l.k_stage_bytes, l.v, l.v_stage_bytes), (0, 32768, 32768, 98304, 32768));
-        assert_eq!(l.barriers, 163840);
+        // O: both consumers' 64 rows of the whole head dim, after V.
+        assert_eq!((l.o, l.o_columns, l.barriers), (163840, 128, 196608));
+    }
+
+    #[test]
+    fn o_is_staged_whole_where_it_fits_else_in_parts() {
+        let columns = |d, variant| hopper_config_of(d, variant, 128).layout().o_columns;
+        assert_eq!(hopper_config_of(64, Variant::Full, 192).layout().o_columns, 64);
+        assert_eq!([96, 128, 160].map(|d| columns(d, Variant::Full)), [96, 128, 160]);
+        // d = 192: 64 of 192; d = 224: 32 (the head dim is 7 slabs); d = 256: half.
+        assert_eq!([192, 224, 256].map(|d| columns(d, Variant::Full)), [64, 32, 128]);
+        assert_eq!(columns(224, Variant::General), 32);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 use flash_attn_abi::hopper::{HopperParams, CONSUMER_ROWS, WARPGROUP_THREADS};
 
+use super::epilogue;
 use super::scheduler::{self, HopperTile, TileOrder};
 use super::smem::Smem;
 use super::Loads;
@@ -196,7 +197,9 @@ unsafe fn compute_tile<
         release(lane, smem.v_empty(last));
     }
     debug_assert!(group_first_row < tile.first_row + BM as u32);
-    write_rows::<E, O_REGS, O_TILES>(p, tile, &softmax, scale_log2, &mut o, group_first_row + 16 * warp, lane);
+    epilogue::write_rows::<E, BM, D, DT, BN, STAGES, O_REGS, O_TILES>(
+        p, smem, tile, &softmax, scale_log2, &mut o, group,
+    );
 }
 
 /// How a warp's raw scores become logits: the score modifiers (softcap,
@@ -394,45 +397,4 @@ fn issue_output<
     }
     arch::wgmma_commit_group();
     arch::wgmma_fence_operand(o);
-}
-
-/// The epilogue of one warp's 16 rows from `warp_first_row`: O normalised
-/// by the softmax sum and rounded, each lane storing its two columns of
-/// every n8-tile, and the LSE of each row (0 and -inf for a row that sees
-/// no key). Rows past the sequence's are not written.
-///
-/// # Safety
-/// o and the LSE hold every row of the call.
-#[inline(always)]
-unsafe fn write_rows<E: Element, const O_REGS: usize, const O_TILES: usize>(
-    p: &ForwardParams,
-    tile: &HopperTile,
-    softmax: &OnlineSoftmax<1>,
-    scale_log2: f32,
-    o: &mut WgmmaAccumulator<O_REGS>,
-    warp_first_row: u32,
-    lane: u32,
-) {
-    let o_tiles = as_tiles::<O_REGS, O_TILES>(o);
-    let (batch, head, first_token) = (tile.layout_batch as i64, tile.head as i64, tile.first_token_q as i64);
-    let o_at = batch * p.o_batch_stride + head * p.o_head_stride + first_token * p.o_row_stride;
-    let o_base = p.o.offset(o_at as isize);
-    let lse_base = p.lse.offset((batch * p.lse_batch_stride + head * p.lse_head_stride + first_token) as isize);
-    for half in 0..2 {
-        // Every lane joins the quad's shuffles before any leaves.
-        let (norm, lse) = softmax.finish(0, half, scale_log2);
-        let row = warp_first_row + lane / 4 + 8 * half as u32;
-        if row >= tile.seqlen_q {
-            continue;
-        }
-        let out = o_base.offset((row as i64 * p.o_row_stride) as isize);
-        for (n, t) in o_tiles[0].iter().enumerate() {
-            let col = 8 * n + 2 * (lane % 4) as usize;
-            let value = E::pack(t[2 * half] * norm, t[2 * half + 1] * norm);
-            arch::st_global_u32(out.add(col).cast::<u32>(), value);
-        }
-        if lane % 4 == 0 {
-            arch::st_global_f32(lse_base.add(row as usize), lse);
-        }
-    }
 }

@@ -15,13 +15,15 @@
 //!   per key block `S = Q K^T` by `wgmma` from shared memory, the mask and
 //!   the online softmax in registers, `O += P V` by `wgmma` with P from
 //!   registers, then release the stage; at the end of a tile they release
-//!   Q, normalise O and write it with the LSE.
+//!   Q, and [`epilogue`] normalises O and writes it, through shared
+//!   memory, with the LSE.
 //!
 //! [`smem`] lays out the shared memory and builds the `wgmma` descriptors
 //! of its tiles. The argument block and the table of instances are the
 //! ABI's ([`flash_attn_abi::hopper`]).
 
 pub mod consumer;
+pub mod epilogue;
 pub mod producer;
 pub mod scheduler;
 pub mod smem;

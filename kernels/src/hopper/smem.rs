@@ -48,6 +48,10 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     const V_ROW_BYTES: u32 = 2 * Self::V_SLAB_COLUMNS;
     pub const V_SLAB_BYTES: u32 = BN as u32 * Self::V_ROW_BYTES;
     pub const V_SLABS: u32 = D as u32 / Self::V_SLAB_COLUMNS;
+    /// Columns of O a consumer stages at a time (the layout's `o_columns`).
+    pub const O_COLUMNS: u32 = HopperSmem::of(BM as u32, DT as u32, D as u32, BN as u32, STAGES as u32).o_columns;
+    /// Bytes of one slab of a consumer's staged O (64 rows in V's slabs).
+    const O_SLAB_BYTES: u32 = CONSUMER_ROWS * Self::V_ROW_BYTES;
     /// Bytes of the Q tile and of a K or V stage: what TMA lands for them,
     /// the columns of Q and K it fills with zeros past the head dim
     /// included.
@@ -81,6 +85,20 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     #[inline(always)]
     pub fn v(&self, stage: u32, slab: u32) -> u32 {
         self.base + self.layout.v + stage * self.layout.v_stage_bytes + slab * Self::V_SLAB_BYTES
+    }
+
+    /// Consumer `group`'s staging buffer of O: its 64 rows of
+    /// [`Self::O_COLUMNS`] columns.
+    #[inline(always)]
+    pub fn o(&self, group: u32) -> u32 {
+        self.base + self.layout.o + group * CONSUMER_ROWS * Self::O_COLUMNS * 2
+    }
+
+    /// The byte offset of `row` and `column` in a consumer's staged O,
+    /// swizzled as V is.
+    #[inline(always)]
+    pub fn o_offset(row: u32, column: u32) -> u32 {
+        swizzled_offset(row, column, Self::V_SLAB_COLUMNS, Self::O_SLAB_BYTES)
     }
 
     /// The mbarrier that completes when the tile slot is written and the
@@ -192,4 +210,19 @@ pub(crate) fn k_major(start: u32) -> u64 {
 pub(crate) fn swizzled_operand(start: u32, leading_byte_offset: u32, row_bytes: u32) -> u64 {
     let swizzle = if row_bytes == SLAB_ROW_BYTES { DescriptorSwizzle::B128 } else { DescriptorSwizzle::B64 };
     MatrixDescriptor { start, leading_byte_offset, stride_byte_offset: 8 * row_bytes, base_offset: 0, swizzle }.encode()
+}
+
+/// The byte offset of `row` and `column` in a tile of 16-bit elements in
+/// slabs of `slab_columns` columns (64: 128-byte rows in the 128-byte
+/// swizzle; 32: 64-byte rows in the 64-byte swizzle), `slab_bytes` apart,
+/// as TMA lands them: a row's 16-byte chunks XORed with the row's place in
+/// the swizzle's repeat of 1024 or 512 bytes. Both families stage their
+/// outputs in it: a warp's 4-byte stores of an accumulator fragment (8
+/// rows, 4 lanes a row) meet all 32 banks once.
+#[inline(always)]
+pub(crate) fn swizzled_offset(row: u32, column: u32, slab_columns: u32, slab_bytes: u32) -> u32 {
+    let row_bytes = 2 * slab_columns;
+    let (slab, byte) = (column / slab_columns, 2 * (column % slab_columns));
+    let repeat = row * row_bytes / 128 % (row_bytes / 16);
+    slab * slab_bytes + row * row_bytes + ((byte / 16) ^ repeat) * 16 + byte % 16
 }

@@ -24,7 +24,7 @@ use flash_attn_abi::hopper_backward::{
 };
 
 use crate::arch;
-use crate::hopper::smem::{k_major, swizzled_operand};
+use crate::hopper::smem::{k_major, swizzled_offset, swizzled_operand};
 
 /// Bytes of one P or dS slab (64 rows of 64 keys, or of dS^T 64 rows of 64
 /// query rows), and of 16 of its rows: one `wgmma` k-step along the rows.
@@ -103,16 +103,11 @@ impl<const D: usize> Smem<D> {
     }
 
     /// The byte offset of element `column` (even) of row `row` in a tile
-    /// of K or V as TMA lands it: the column's slab, then the row's 16-byte
-    /// chunks XORed with the row's place in the swizzle's repeat (the
-    /// address bits above the 128-byte line: the row in the 128-byte
-    /// swizzle, half of it in the 64-byte one). The epilogue stages dK and
-    /// dV there.
+    /// of K or V as TMA lands it ([`swizzled_offset`]). The epilogue
+    /// stages dK and dV there.
     #[inline(always)]
     pub fn kv_offset(row: u32, column: u32) -> u32 {
-        let (slab, byte) = (column / Self::SLAB_COLUMNS, 2 * (column % Self::SLAB_COLUMNS));
-        let repeat = row * Self::ROW_BYTES / 128 % (Self::ROW_BYTES / 16);
-        slab * Self::KV_SLAB_BYTES + row * Self::ROW_BYTES + ((byte / 16) ^ repeat) * 16 + byte % 16
+        swizzled_offset(row, column, Self::SLAB_COLUMNS, Self::KV_SLAB_BYTES)
     }
 
     /// Slab `slab` of Q's stage `stage`, and of dO's.
