@@ -73,7 +73,8 @@ pub(super) unsafe fn write_rows<
         }
     }
 
-    let o_at = batch * p.o_batch_stride + head * p.o_head_stride + (first_token + group_first_row as i64) * p.o_row_stride;
+    let o_at =
+        batch * p.o_batch_stride + head * p.o_head_stride + (first_token + group_first_row as i64) * p.o_row_stride;
     let out = p.o.offset(o_at as isize);
     let rows_here = tile.seqlen_q.saturating_sub(group_first_row);
     let buffer = smem.o(group);
