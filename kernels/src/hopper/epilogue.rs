@@ -80,7 +80,8 @@ pub(super) unsafe fn write_rows<
     let buffer = smem.o(group);
     let barrier = FIRST_EPILOGUE_BARRIER + group;
     let o_tiles = as_tiles::<O_REGS, O_TILES>(o);
-    let part_tiles = Smem::<BM, D, DT, BN, STAGES>::O_COLUMNS as usize / 8;
+    let staged = Smem::<BM, D, DT, BN, STAGES>::O_TILE;
+    let part_tiles = staged.columns as usize / 8;
     for part in 0..O_TILES / part_tiles {
         // The copy before (of the last part, or of the consumer's last
         // tile) has read the buffer.
@@ -90,46 +91,11 @@ pub(super) unsafe fn write_rows<
             for (half, &norm) in norms.iter().enumerate() {
                 let row = 16 * warp + lane / 4 + 8 * half as u32;
                 let pair = E::pack(o_t[2 * half] * norm, o_t[2 * half + 1] * norm);
-                arch::st_shared_u32(buffer + Smem::<BM, D, DT, BN, STAGES>::o_offset(row, column), pair);
+                arch::st_shared_u32(buffer + staged.offset(row, column), pair);
             }
         }
         arch::named_barrier_sync(barrier, WARPGROUP_THREADS);
-        copy_out::<BM, D, DT, BN, STAGES>(buffer, out.add(8 * part * part_tiles), p.o_row_stride, rows_here, thread);
-    }
-}
-
-/// The staged part at `buffer` to the consumer's rows of `out` (row `r` at
-/// `out + r * row_stride`), 16 bytes a thread, rows below `rows_here`. A
-/// slab's rows in order, each row's 16-byte runs in order: a warp reads
-/// whole swizzled lines of one slab, and writes whole sectors.
-///
-/// # Safety
-/// The consumer has staged the part; `out` holds its rows below
-/// `rows_here`, each 16-byte aligned.
-#[inline(always)]
-unsafe fn copy_out<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
-    buffer: u32,
-    out: *mut u16,
-    row_stride: i64,
-    rows_here: u32,
-    thread: u32,
-) {
-    // A run is 8 columns (16 bytes).
-    let runs_per_slab_row = Smem::<BM, D, DT, BN, STAGES>::V_SLAB_COLUMNS / 8;
-    let runs_per_thread = const {
-        let runs = CONSUMER_ROWS * Smem::<BM, D, DT, BN, STAGES>::O_COLUMNS / 8;
-        assert!(runs.is_multiple_of(WARPGROUP_THREADS));
-        runs / WARPGROUP_THREADS
-    };
-    for i in 0..runs_per_thread {
-        let run = thread + WARPGROUP_THREADS * i;
-        let slab = run / (runs_per_slab_row * CONSUMER_ROWS);
-        let row = run / runs_per_slab_row % CONSUMER_ROWS;
-        let column = slab * Smem::<BM, D, DT, BN, STAGES>::V_SLAB_COLUMNS + 8 * (run % runs_per_slab_row);
-        if row < rows_here {
-            let value = arch::ld_shared_v4(buffer + Smem::<BM, D, DT, BN, STAGES>::o_offset(row, column));
-            let at = row as i64 * row_stride + column as i64;
-            arch::st_global_v4(out.offset(at as isize).cast::<u8>(), value);
-        }
+        let part_out = out.add(8 * part * part_tiles);
+        staged.copy_out::<WARPGROUP_THREADS>(buffer, part_out, p.o_row_stride, (rows_here, staged.columns), thread);
     }
 }

@@ -48,10 +48,11 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     const V_ROW_BYTES: u32 = 2 * Self::V_SLAB_COLUMNS;
     pub const V_SLAB_BYTES: u32 = BN as u32 * Self::V_ROW_BYTES;
     pub const V_SLABS: u32 = D as u32 / Self::V_SLAB_COLUMNS;
-    /// Columns of O a consumer stages at a time (the layout's `o_columns`).
-    pub const O_COLUMNS: u32 = HopperSmem::of(BM as u32, DT as u32, D as u32, BN as u32, STAGES as u32).o_columns;
-    /// Bytes of one slab of a consumer's staged O (64 rows in V's slabs).
-    const O_SLAB_BYTES: u32 = CONSUMER_ROWS * Self::V_ROW_BYTES;
+    const LAYOUT: HopperSmem = HopperSmem::of(BM as u32, DT as u32, D as u32, BN as u32, STAGES as u32);
+    /// A consumer's staged O: its 64 rows of the layout's `o_columns`
+    /// columns (the head dim's, or a part at a time), in V's slabs.
+    pub const O_TILE: SwizzledTile =
+        SwizzledTile { rows: CONSUMER_ROWS, columns: Self::LAYOUT.o_columns, slab_columns: Self::V_SLAB_COLUMNS };
     /// Bytes of the Q tile and of a K or V stage: what TMA lands for them,
     /// the columns of Q and K it fills with zeros past the head dim
     /// included.
@@ -65,8 +66,9 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     pub fn at(dynamic_base: u32) -> Self {
         const { assert!(DT.is_multiple_of(SLAB_COLUMNS as usize) && D.is_multiple_of(Self::V_SLAB_COLUMNS as usize)) }
         const { assert!(BM.is_multiple_of(CONSUMER_ROWS as usize)) }
-        let layout = HopperSmem::of(BM as u32, DT as u32, D as u32, BN as u32, STAGES as u32);
-        Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout }
+        // A consumer's threads copy its staged O out in whole runs.
+        const { assert!(Self::O_TILE.runs_per_thread(WARPGROUP_THREADS) > 0) }
+        Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout: Self::LAYOUT }
     }
 
     /// Slab `slab` of Q.
@@ -87,18 +89,10 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
         self.base + self.layout.v + stage * self.layout.v_stage_bytes + slab * Self::V_SLAB_BYTES
     }
 
-    /// Consumer `group`'s staging buffer of O: its 64 rows of
-    /// [`Self::O_COLUMNS`] columns.
+    /// Consumer `group`'s staging buffer of O ([`Self::O_TILE`]).
     #[inline(always)]
     pub fn o(&self, group: u32) -> u32 {
-        self.base + self.layout.o + group * CONSUMER_ROWS * Self::O_COLUMNS * 2
-    }
-
-    /// The byte offset of `row` and `column` in a consumer's staged O,
-    /// swizzled as V is.
-    #[inline(always)]
-    pub fn o_offset(row: u32, column: u32) -> u32 {
-        swizzled_offset(row, column, Self::V_SLAB_COLUMNS, Self::O_SLAB_BYTES)
+        self.base + self.layout.o + group * CONSUMER_ROWS * Self::O_TILE.columns * 2
     }
 
     /// The mbarrier that completes when the tile slot is written and the
@@ -212,17 +206,71 @@ pub(crate) fn swizzled_operand(start: u32, leading_byte_offset: u32, row_bytes: 
     MatrixDescriptor { start, leading_byte_offset, stride_byte_offset: 8 * row_bytes, base_offset: 0, swizzle }.encode()
 }
 
-/// The byte offset of `row` and `column` in a tile of 16-bit elements in
-/// slabs of `slab_columns` columns (64: 128-byte rows in the 128-byte
-/// swizzle; 32: 64-byte rows in the 64-byte swizzle), `slab_bytes` apart,
-/// as TMA lands them: a row's 16-byte chunks XORed with the row's place in
-/// the swizzle's repeat of 1024 or 512 bytes. Both families stage their
-/// outputs in it: a warp's 4-byte stores of an accumulator fragment (8
-/// rows, 4 lanes a row) meet all 32 banks once.
-#[inline(always)]
-pub(crate) fn swizzled_offset(row: u32, column: u32, slab_columns: u32, slab_bytes: u32) -> u32 {
-    let row_bytes = 2 * slab_columns;
-    let (slab, byte) = (column / slab_columns, 2 * (column % slab_columns));
-    let repeat = row * row_bytes / 128 % (row_bytes / 16);
-    slab * slab_bytes + row * row_bytes + ((byte / 16) ^ repeat) * 16 + byte % 16
+/// A tile of 16-bit elements in shared memory, `rows` rows of `columns`
+/// columns in slabs of `slab_columns` (64: 128-byte rows in the 128-byte
+/// swizzle; 32: 64-byte rows in the 64-byte swizzle), as TMA lands K and
+/// V: a row's 16-byte chunks XORed with the row's place in the swizzle's
+/// repeat of 1024 or 512 bytes. Both families stage their outputs in such
+/// a tile (a warp's 4-byte stores of an accumulator fragment, 8 rows and 4
+/// lanes a row, meet all 32 banks once) and copy it out 16 bytes a lane.
+#[derive(Clone, Copy)]
+pub struct SwizzledTile {
+    pub rows: u32,
+    pub columns: u32,
+    pub slab_columns: u32,
+}
+
+impl SwizzledTile {
+    /// The byte offset of `row` and `column` (even) from the tile's start.
+    #[inline(always)]
+    pub const fn offset(&self, row: u32, column: u32) -> u32 {
+        let row_bytes = 2 * self.slab_columns;
+        let (slab, byte) = (column / self.slab_columns, 2 * (column % self.slab_columns));
+        let repeat = row * row_bytes / 128 % (row_bytes / 16);
+        slab * self.rows * row_bytes + row * row_bytes + ((byte / 16) ^ repeat) * 16 + byte % 16
+    }
+
+    /// The 16-byte runs each of `threads` threads copies: the tile's runs
+    /// over the threads, which must divide them (each tile's user checks
+    /// it at compile time).
+    pub const fn runs_per_thread(&self, threads: u32) -> u32 {
+        let runs = self.rows * self.columns / 8;
+        assert!(runs.is_multiple_of(threads));
+        runs / threads
+    }
+
+    /// The tile staged at `tile` to global memory, row `r` at `out + r *
+    /// row_stride`, rows below `rows_here` and columns below
+    /// `columns_here`, 16 bytes a thread of `THREADS` (`thread` the
+    /// caller's index among them). A slab's rows in order, each row's
+    /// runs in order: a warp reads whole swizzled lines of one slab, and
+    /// writes whole sectors.
+    ///
+    /// # Safety
+    /// Every thread of the `THREADS` has staged its part and synced with
+    /// the others; `out` holds the rows below `rows_here`, each 16-byte
+    /// aligned.
+    #[inline(always)]
+    pub unsafe fn copy_out<const THREADS: u32>(
+        &self,
+        tile: u32,
+        out: *mut u16,
+        row_stride: i64,
+        (rows_here, columns_here): (u32, u32),
+        thread: u32,
+    ) {
+        // A run is 8 columns (16 bytes).
+        let runs_per_slab_row = self.slab_columns / 8;
+        for i in 0..self.runs_per_thread(THREADS) {
+            let run = thread + THREADS * i;
+            let slab = run / (runs_per_slab_row * self.rows);
+            let row = run / runs_per_slab_row % self.rows;
+            let column = slab * self.slab_columns + 8 * (run % runs_per_slab_row);
+            if row < rows_here && column < columns_here {
+                let value = arch::ld_shared_v4(tile + self.offset(row, column));
+                let at = row as i64 * row_stride + column as i64;
+                arch::st_global_v4(out.offset(at as isize).cast::<u8>(), value);
+            }
+        }
+    }
 }

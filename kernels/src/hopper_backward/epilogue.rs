@@ -14,7 +14,6 @@
 
 use flash_attn_abi::backward::BackwardParams;
 use flash_attn_abi::hopper::WARPGROUP_THREADS;
-use flash_attn_abi::hopper_backward::hopper_backward_config_of;
 
 use super::smem::Smem;
 use super::KeyBlock;
@@ -52,9 +51,14 @@ pub(super) unsafe fn write_keys<E: Element, const D: usize, const DV_REGS: usize
     let (batch, head, key) = (b.batch as i64, b.kv_head as i64, b.first_key as i64);
     let d_k = p.d_k.offset((batch * p.d_k_batch_stride + head * p.d_k_head_stride + key * p.d_k_row_stride) as isize);
     let d_v = p.d_v.offset((batch * p.d_v_batch_stride + head * p.d_v_head_stride + key * p.d_v_row_stride) as isize);
-    let keys_here = rows.seqlen_k - b.first_key;
-    copy_out::<D>(smem.k(0), d_k, p.d_k_row_stride, keys_here);
-    copy_out::<D>(smem.v(0), d_v, p.d_v_row_stride, keys_here);
+    // Keys below seqlen_k, columns below the head dim (the tile's past it
+    // are padding).
+    let bounds = (rows.seqlen_k - b.first_key, D as u32);
+    let thread = arch::thread_idx_x_here() - WARPGROUP_THREADS;
+    const { assert!(Smem::<D>::KV_TILE.runs_per_thread(CONSUMER_THREADS) > 0) }
+    let staged = Smem::<D>::KV_TILE;
+    staged.copy_out::<CONSUMER_THREADS>(smem.k(0), d_k, p.d_k_row_stride, bounds, thread);
+    staged.copy_out::<CONSUMER_THREADS>(smem.v(0), d_v, p.d_v_row_stride, bounds, thread);
 }
 
 /// Named barrier 5 of both consumer warpgroups (1 to 4 are the step's).
@@ -84,41 +88,7 @@ unsafe fn stage<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES
         for half in 0..2 {
             let row = first_key + 16 * warp + lane / 4 + 8 * half as u32;
             let pair = E::pack(a_t[2 * half] * scale, a_t[2 * half + 1] * scale);
-            arch::st_shared_u32(tile + Smem::<D>::kv_offset(row, column), pair);
-        }
-    }
-}
-
-/// The staged tile at `tile` to the block's rows of `out` (row `r` at
-/// `out + r * row_stride`), 16 bytes a thread of both consumers, rows
-/// below `keys_here` and columns below the head dim. A slab's rows in
-/// order, each row's 16-byte runs in order: a warp reads whole swizzled
-/// lines of one slab, and writes whole sectors.
-///
-/// # Safety
-/// Both consumers have staged the tile; `out` holds the block's keys below
-/// `keys_here`.
-#[inline(always)]
-unsafe fn copy_out<const D: usize>(tile: u32, out: *mut u16, row_stride: i64, keys_here: u32) {
-    let config = const { hopper_backward_config_of(D as u32) };
-    // A run is 8 columns (16 bytes).
-    let (block_n, runs_per_slab_row) = (config.block_n(), config.slab_columns() / 8);
-    let runs_per_thread = const {
-        let c = hopper_backward_config_of(D as u32);
-        let runs = c.block_n() * c.tile_dim() / 8;
-        assert!(runs.is_multiple_of(CONSUMER_THREADS));
-        runs / CONSUMER_THREADS
-    };
-    let thread = arch::thread_idx_x_here() - WARPGROUP_THREADS;
-    for i in 0..runs_per_thread {
-        let run = thread + CONSUMER_THREADS * i;
-        let slab = run / (runs_per_slab_row * block_n);
-        let row = run / runs_per_slab_row % block_n;
-        let column = slab * config.slab_columns() + 8 * (run % runs_per_slab_row);
-        if row < keys_here && column < D as u32 {
-            let value = arch::ld_shared_v4(tile + Smem::<D>::kv_offset(row, column));
-            let at = row as i64 * row_stride + column as i64;
-            arch::st_global_v4(out.offset(at as isize).cast::<u8>(), value);
+            arch::st_shared_u32(tile + Smem::<D>::KV_TILE.offset(row, column), pair);
         }
     }
 }

@@ -24,7 +24,7 @@ use flash_attn_abi::hopper_backward::{
 };
 
 use crate::arch;
-use crate::hopper::smem::{k_major, swizzled_offset, swizzled_operand};
+use crate::hopper::smem::{k_major, swizzled_operand, SwizzledTile};
 
 /// Bytes of one P or dS slab (64 rows of 64 keys, or of dS^T 64 rows of 64
 /// query rows), and of 16 of its rows: one `wgmma` k-step along the rows.
@@ -54,6 +54,13 @@ impl<const D: usize> Smem<D> {
     const K_STEPS_PER_SLAB: u32 = Self::ROW_BYTES / 32;
     /// Bytes of one slab of K or V (the block's keys), and of Q or dO (a step's rows).
     pub const KV_SLAB_BYTES: u32 = Self::CONFIG.block_n() * Self::ROW_BYTES;
+    /// K or V as TMA lands them (the block's keys over the tile dim); the
+    /// epilogue stages dK and dV there.
+    pub const KV_TILE: SwizzledTile = SwizzledTile {
+        rows: Self::CONFIG.block_n(),
+        columns: Self::CONFIG.tile_dim(),
+        slab_columns: Self::SLAB_COLUMNS,
+    };
     pub const STEP_SLAB_BYTES: u32 = Self::BLOCK_M * Self::ROW_BYTES;
     /// Bytes TMA lands for K (or V), and for a stage of Q (or of dO).
     pub const KV_BYTES: u32 = Self::SLABS * Self::KV_SLAB_BYTES;
@@ -100,14 +107,6 @@ impl<const D: usize> Smem<D> {
     #[inline(always)]
     pub fn v(&self, slab: u32) -> u32 {
         self.base() + self.layout.v + slab * Self::KV_SLAB_BYTES
-    }
-
-    /// The byte offset of element `column` (even) of row `row` in a tile
-    /// of K or V as TMA lands it ([`swizzled_offset`]). The epilogue
-    /// stages dK and dV there.
-    #[inline(always)]
-    pub fn kv_offset(row: u32, column: u32) -> u32 {
-        swizzled_offset(row, column, Self::SLAB_COLUMNS, Self::KV_SLAB_BYTES)
     }
 
     /// Slab `slab` of Q's stage `stage`, and of dO's.
