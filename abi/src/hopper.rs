@@ -96,10 +96,11 @@ impl HopperSmem {
         let k = q_bytes;
         let v = k + stages * k_stage_bytes;
         let o = v + stages * v_stage_bytes;
-        let barrier_bytes = 8 * (2 + 4 * stages) + 8;
-        let o_columns = o_columns(head_dim, block_m, MAX_HOPPER_SMEM - SMEM_ALIGN - o - barrier_bytes);
+        // After O: the barriers, then the tile slot's 8 bytes.
+        let barrier_bytes = 8 * (2 + 4 * stages);
+        let o_columns = o_columns(head_dim, block_m, MAX_HOPPER_SMEM - SMEM_ALIGN - o - barrier_bytes - 8);
         let barriers = o + block_m * o_columns * 2;
-        let tile_slot = barriers + 8 * (2 + 4 * stages);
+        let tile_slot = barriers + barrier_bytes;
         HopperSmem { q: 0, k, k_stage_bytes, v, v_stage_bytes, o, o_columns, barriers, tile_slot, end: tile_slot + 8 }
     }
 }
