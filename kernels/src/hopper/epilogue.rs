@@ -86,14 +86,8 @@ pub(super) unsafe fn write_rows<
         // The copy before (of the last part, or of the consumer's last
         // tile) has read the buffer.
         arch::named_barrier_sync(barrier, WARPGROUP_THREADS);
-        for (t, o_t) in o_tiles[0][part * part_tiles..(part + 1) * part_tiles].iter().enumerate() {
-            let column = 8 * t as u32 + 2 * (lane % 4);
-            for (half, &norm) in norms.iter().enumerate() {
-                let row = 16 * warp + lane / 4 + 8 * half as u32;
-                let pair = E::pack(o_t[2 * half] * norm, o_t[2 * half + 1] * norm);
-                arch::st_shared_u32(buffer + staged.offset(row, column), pair);
-            }
-        }
+        let fragment = &o_tiles[0][part * part_tiles..(part + 1) * part_tiles];
+        staged.stage::<E>(buffer, fragment, norms, (0, 0), (warp, lane));
         arch::named_barrier_sync(barrier, WARPGROUP_THREADS);
         let part_out = out.add(8 * part * part_tiles);
         staged.copy_out::<WARPGROUP_THREADS>(buffer, part_out, p.o_row_stride, (rows_here, staged.columns), thread);

@@ -21,6 +21,7 @@ use flash_attn_abi::hopper::{
 use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
 use crate::arch;
+use crate::element::Element;
 
 /// The block's shared memory for tiles of `BM` query rows (the config's
 /// `block_m`), head dim `D` in Q and K tiles of `DT` columns (its
@@ -228,6 +229,33 @@ impl SwizzledTile {
         let (slab, byte) = (column / self.slab_columns, 2 * (column % self.slab_columns));
         let repeat = row * row_bytes / 128 % (row_bytes / 16);
         slab * self.rows * row_bytes + row * row_bytes + ((byte / 16) ^ repeat) * 16 + byte % 16
+    }
+
+    /// A warp's n8-tiles `fragment` of a `wgmma` accumulator (rows
+    /// `first_row + 16 * warp..`, columns `first_column..`), each row `half`
+    /// times `scales[half]` and rounded, to the tile staged at `tile`: a
+    /// lane's two columns of a row are one 4-byte store.
+    ///
+    /// # Safety
+    /// Nothing else reads or writes those bytes of the tile until the
+    /// staging threads sync.
+    #[inline(always)]
+    pub unsafe fn stage<E: Element>(
+        &self,
+        tile: u32,
+        fragment: &[[f32; 4]],
+        scales: [f32; 2],
+        (first_row, first_column): (u32, u32),
+        (warp, lane): (u32, u32),
+    ) {
+        for (t, f) in fragment.iter().enumerate() {
+            let column = first_column + 8 * t as u32 + 2 * (lane % 4);
+            for (half, &scale) in scales.iter().enumerate() {
+                let row = first_row + 16 * warp + lane / 4 + 8 * half as u32;
+                let pair = E::pack(f[2 * half] * scale, f[2 * half + 1] * scale);
+                arch::st_shared_u32(tile + self.offset(row, column), pair);
+            }
+        }
     }
 
     /// The 16-byte runs each of `threads` threads copies: the tile's runs

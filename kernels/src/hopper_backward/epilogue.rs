@@ -83,12 +83,6 @@ unsafe fn stage<E: Element, const D: usize, const DV_REGS: usize, const DV_TILES
 ) {
     let thread = arch::thread_idx_x_here() % WARPGROUP_THREADS;
     let (warp, lane) = (thread / 32, thread % 32);
-    for (t, a_t) in as_tiles::<DV_REGS, DV_TILES>(acc)[0].iter().enumerate() {
-        let column = first_column + 8 * t as u32 + 2 * (lane % 4);
-        for half in 0..2 {
-            let row = first_key + 16 * warp + lane / 4 + 8 * half as u32;
-            let pair = E::pack(a_t[2 * half] * scale, a_t[2 * half + 1] * scale);
-            arch::st_shared_u32(tile + Smem::<D>::KV_TILE.offset(row, column), pair);
-        }
-    }
+    let fragment = &as_tiles::<DV_REGS, DV_TILES>(acc)[0];
+    Smem::<D>::KV_TILE.stage::<E>(tile, fragment, [scale; 2], (first_key, first_column), (warp, lane));
 }
