@@ -88,9 +88,17 @@ if [ "$part" != bench ]; then
       # is clean.
       threads=8
       case "$tool:$name" in racecheck:*gpu_backward*) threads=1 ;; esac
+      # racecheck over gpu_hopper instruments its sm_90a forward kernels
+      # only: it also runs every case through the sm_80 kernels, which
+      # gpu_forward and gpu_features racecheck already, and which under
+      # racecheck take it past the time limit on an H200. The filter still
+      # catches races: with one of the epilogue's barriers removed (branch
+      # exp/racecheck-control) it reports hazards.
+      filter=()
+      case "$tool:$name" in racecheck:*gpu_hopper*) filter=(--kernel-name kns=flash_fwd_sm90) ;; esac
       start=$(date +%s)
       FLASH_ATTN_TEST_MAX_SCORES="$cap" timeout "$sanitizer_limit" \
-        compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 --require-cuda-init no \
+        compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 --print-limit 20 --require-cuda-init no \
         "$t" --test-threads=$threads > "$log" 2>&1
       status=$?
       took=$(( $(date +%s) - start ))
