@@ -63,8 +63,16 @@ pub struct HopperConfig {
 /// or the 64-byte one (32 columns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperSmem {
-    /// Q: the tile's rows ([`HopperConfig::block_m`]).
+    /// Q buffer `b` at `q + b * q_bytes`: a tile's rows
+    /// ([`HopperConfig::block_m`]). Two where they fit beside the stages
+    /// and the whole head dim's O: the producer then loads the block's next
+    /// tile's Q while the consumers still read this tile's, so that it has
+    /// landed when they start the next tile. With one, the next Q loads
+    /// only once every consumer's last `S = Q K^T` of the tile is done, and
+    /// the consumers wait for it after their epilogue.
     pub q: u32,
+    pub q_bytes: u32,
+    pub q_buffers: u32,
     /// K stage `s` at `k + s * k_stage_bytes`: `block_n` rows.
     pub k: u32,
     pub k_stage_bytes: u32,
@@ -76,11 +84,12 @@ pub struct HopperSmem {
     /// V's slabs, consumer `g`'s at `o + g * 64 * o_columns * 2`.
     pub o: u32,
     pub o_columns: u32,
-    /// The mbarriers, 8 bytes each: Q full, Q empty, then per stage K
-    /// full, K empty, V full, V empty.
+    /// The mbarriers, 8 bytes each: per Q buffer full and empty, then per
+    /// stage K full, K empty, V full, V empty.
     pub barriers: u32,
-    /// The index of the block's current tile, which the producer hands the
-    /// consumers with its Q (4 bytes of 8; Q's barriers guard it).
+    /// Per Q buffer, 8 bytes apart, the index of the tile whose Q it holds,
+    /// which the producer hands the consumers with its Q (4 bytes of 8; the
+    /// buffer's barriers guard it).
     pub tile_slot: u32,
     pub end: u32,
 }
@@ -88,20 +97,50 @@ pub struct HopperSmem {
 impl HopperSmem {
     /// The layout of a Q tile of `block_m` rows, Q and K tiles of
     /// `tile_dim` columns, V tiles of `head_dim`, `block_n` keys per stage
-    /// and `stages` stages.
+    /// and `stages` stages: two Q buffers where they fit with O staged
+    /// whole, else one.
     pub const fn of(block_m: u32, tile_dim: u32, head_dim: u32, block_n: u32, stages: u32) -> Self {
+        let q_bytes = block_m * tile_dim * 2;
+        let kv_bytes = stages * block_n * (tile_dim + head_dim) * 2;
+        let double_end = 2 * q_bytes + kv_bytes + block_m * head_dim * 2 + 8 * (4 + 4 * stages) + 16;
+        let q_buffers = if double_end + SMEM_ALIGN <= MAX_HOPPER_SMEM { 2 } else { 1 };
+        Self::with_q_buffers(block_m, tile_dim, head_dim, block_n, stages, q_buffers)
+    }
+
+    const fn with_q_buffers(
+        block_m: u32,
+        tile_dim: u32,
+        head_dim: u32,
+        block_n: u32,
+        stages: u32,
+        q_buffers: u32,
+    ) -> Self {
         let q_bytes = block_m * tile_dim * 2;
         let k_stage_bytes = block_n * tile_dim * 2;
         let v_stage_bytes = block_n * head_dim * 2;
-        let k = q_bytes;
+        let k = q_buffers * q_bytes;
         let v = k + stages * k_stage_bytes;
         let o = v + stages * v_stage_bytes;
-        // After O: the barriers, then the tile slot's 8 bytes.
-        let barrier_bytes = 8 * (2 + 4 * stages);
-        let o_columns = o_columns(head_dim, block_m, MAX_HOPPER_SMEM - SMEM_ALIGN - o - barrier_bytes - 8);
+        // After O: the barriers, then the tile slots' 8 bytes each.
+        let barrier_bytes = 8 * (2 * q_buffers + 4 * stages);
+        let slot_bytes = 8 * q_buffers;
+        let o_columns = o_columns(head_dim, block_m, MAX_HOPPER_SMEM - SMEM_ALIGN - o - barrier_bytes - slot_bytes);
         let barriers = o + block_m * o_columns * 2;
         let tile_slot = barriers + barrier_bytes;
-        HopperSmem { q: 0, k, k_stage_bytes, v, v_stage_bytes, o, o_columns, barriers, tile_slot, end: tile_slot + 8 }
+        HopperSmem {
+            q: 0,
+            q_bytes,
+            q_buffers,
+            k,
+            k_stage_bytes,
+            v,
+            v_stage_bytes,
+            o,
+            o_columns,
+            barriers,
+            tile_slot,
+            end: tile_slot + slot_bytes,
+        }
     }
 }
 
@@ -453,9 +492,30 @@ mod tests {
     #[test]
     fn d128_layout_is_q_then_two_stages_of_k_and_v() {
         let l = hopper_config_of(128, Variant::Full, 128).layout();
-        assert_eq!((l.q, l.k, l.k_stage_bytes, l.v, l.v_stage_bytes), (0, 32768, 32768, 98304, 32768));
+        // Two Q buffers of 32 KiB.
+        assert_eq!((l.q, l.q_bytes, l.q_buffers), (0, 32768, 2));
+        assert_eq!((l.k, l.k_stage_bytes, l.v, l.v_stage_bytes), (65536, 32768, 131072, 32768));
         // O: both consumers' 64 rows of the whole head dim, after V.
-        assert_eq!((l.o, l.o_columns, l.barriers), (163840, 128, 196608));
+        assert_eq!((l.o, l.o_columns, l.barriers), (196608, 128, 229376));
+        assert_eq!((l.tile_slot, l.end), (229376 + 8 * 12, 229376 + 8 * 12 + 16));
+    }
+
+    #[test]
+    fn q_takes_two_buffers_where_they_fit_beside_the_whole_o() {
+        for k in HOPPER_KERNELS {
+            let (c, l) = (k.config, k.config.layout());
+            assert!(c.smem_bytes() <= MAX_HOPPER_SMEM, "{}", k.name);
+            if l.q_buffers == 2 {
+                assert_eq!((l.k, l.o_columns), (2 * l.q_bytes, c.head_dim), "{}", k.name);
+            } else {
+                // A second Q buffer, its barriers and slot, and O whole would not fit.
+                let o_rest = c.block_m() * (c.head_dim - l.o_columns) * 2;
+                assert!(l.end + l.q_bytes + 24 + o_rest + SMEM_ALIGN > MAX_HOPPER_SMEM, "{}", k.name);
+            }
+        }
+        let buffers = |d| hopper_config_of(d, Variant::General, 128).layout().q_buffers;
+        assert_eq!([64, 96, 128, 160, 192, 224, 256].map(buffers), [2, 2, 2, 1, 1, 1, 1]);
+        assert_eq!(hopper_config_of(64, Variant::Full, 192).layout().q_buffers, 2);
     }
 
     #[test]

@@ -79,7 +79,7 @@ pub unsafe fn compute_tiles<
     let turns = GemmTurns::<BM>::new(group);
     let mut loads = Loads::default();
     loop {
-        let index = scheduler::take(smem, loads.q_parity());
+        let index = scheduler::take(smem, loads.q_buffer(Smem::<BM, D, DT, BN, STAGES>::Q_BUFFERS));
         if index >= order.tiles() {
             break;
         }
@@ -93,8 +93,8 @@ pub unsafe fn compute_tiles<
 }
 
 /// Computes consumer `group`'s 64 rows of `tile`, `loads` into the
-/// block's loads, and writes their O and LSE; Q's full barrier has
-/// completed the tile's phase.
+/// block's loads, and writes their O and LSE; the full barrier of the
+/// tile's Q buffer has completed the tile's phase.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_tile<
@@ -121,6 +121,7 @@ unsafe fn compute_tile<
     thread: u32,
 ) {
     let (warp, lane) = (thread / 32, thread % 32);
+    let (q_buffer, _) = loads.q_buffer(Smem::<BM, D, DT, BN, STAGES>::Q_BUFFERS);
     let group_first_row = tile.first_row + CONSUMER_ROWS * group;
     let logits = Logits::new::<GENERAL>(p, tile, group_first_row, warp, CAUSAL);
     let scale_log2 = logits.softmax_scale_log2();
@@ -130,13 +131,13 @@ unsafe fn compute_tile<
     let blocks = tile.key_blocks();
     if blocks == 0 {
         // No Q to read: the tile slot only, which this thread has read.
-        arch::mbarrier_arrive(smem.q_empty());
+        arch::mbarrier_arrive(smem.q_empty(q_buffer));
     } else {
         // Block 0: its scores alone, then its probabilities.
         let (first, first_parity) = loads.stage::<STAGES>(0);
         arch::mbarrier_wait_parity(smem.k_full(first), first_parity);
         turns.begin();
-        let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, group, first);
+        let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, q_buffer, group, first);
         turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut s);
@@ -154,7 +155,7 @@ unsafe fn compute_tile<
             let (previous, previous_parity) = loads.stage::<STAGES>(i - 1);
             arch::mbarrier_wait_parity(smem.k_full(stage), parity);
             turns.begin();
-            let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, group, stage);
+            let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, q_buffer, group, stage);
             arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
             issue_output::<E, BM, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
             turns.end();
@@ -186,7 +187,7 @@ unsafe fn compute_tile<
         // Every `S = Q K^T` of the consumer's rows has completed: once the
         // other consumers' have too, the producer may load the next tile's
         // Q. Each thread arrives, after its own read of the tile slot.
-        arch::mbarrier_arrive(smem.q_empty());
+        arch::mbarrier_arrive(smem.q_empty(q_buffer));
         let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
         turns.begin();
@@ -343,10 +344,10 @@ unsafe fn release(lane: u32, barrier: u32) {
     }
 }
 
-/// Issues `S = Q K^T` of consumer `group`'s rows against K of `stage`, as
-/// one committed `wgmma` group, over the head dim's `D / 16` k-steps (the
-/// tiles' columns past it are zeros); the scores are there after the wait
-/// that covers it.
+/// Issues `S = Q K^T` of consumer `group`'s rows of Q buffer `q_buffer`
+/// against K of `stage`, as one committed `wgmma` group, over the head
+/// dim's `D / 16` k-steps (the tiles' columns past it are zeros); the
+/// scores are there after the wait that covers it.
 #[inline(always)]
 fn issue_scores<
     E: Element,
@@ -358,6 +359,7 @@ fn issue_scores<
     const S_REGS: usize,
 >(
     smem: &Smem<BM, D, DT, BN, STAGES>,
+    q_buffer: u32,
     group: u32,
     stage: u32,
 ) -> WgmmaAccumulator<S_REGS> {
@@ -365,7 +367,12 @@ fn issue_scores<
     arch::wgmma_fence_operand(&mut s);
     arch::wgmma_fence();
     for step in 0..(D / 16) as u32 {
-        E::wgmma_ss::<S_REGS, 0, 0>(&mut s, smem.q_operand(group, step), smem.k_operand(stage, step), step > 0);
+        E::wgmma_ss::<S_REGS, 0, 0>(
+            &mut s,
+            smem.q_operand(q_buffer, group, step),
+            smem.k_operand(stage, step),
+            step > 0,
+        );
     }
     arch::wgmma_commit_group();
     arch::wgmma_fence_operand(&mut s);

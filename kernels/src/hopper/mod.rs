@@ -8,8 +8,8 @@
 //!
 //! - warpgroup 0, the producer ([`producer`]), gives its registers to the
 //!   consumers (`setmaxnreg`) and one thread picks the tiles and issues
-//!   every TMA load: each tile's Q with the tile's index (once the
-//!   consumers released the last Q), then each key block's K and V into a
+//!   every TMA load: each tile's Q with the tile's index, into the Q
+//!   buffer the consumers released last, then each key block's K and V into a
 //!   ring of stages, each stage guarded by a full and an empty mbarrier;
 //! - warpgroups 1 and up, the consumers ([`consumer`]), own 64 rows each:
 //!   per key block `S = Q K^T` by `wgmma` from shared memory, the mask and
@@ -36,10 +36,10 @@ use scheduler::HopperTile;
 use smem::Smem;
 
 /// How far one side of the block (the producer, or a consumer) has come
-/// through the block's tiles: the tiles handed over, each one phase of Q's
-/// barriers (a tile without key blocks too, though it loads no Q), and the
-/// key blocks loaded. Both sides count alike, so they agree on each
-/// barrier phase and each load's stage.
+/// through the block's tiles: the tiles handed over, each one phase of its
+/// Q buffer's barriers (a tile without key blocks too, though it loads no
+/// Q), and the key blocks loaded. Both sides count alike, so they agree on
+/// each barrier phase and each load's stage.
 #[derive(Clone, Copy, Default)]
 pub struct Loads {
     pub tiles: u32,
@@ -56,10 +56,13 @@ impl Loads {
         (n % STAGES as u32, (n / STAGES as u32) & 1)
     }
 
-    /// The parity of the phase of the Q barriers for the current tile.
+    /// The Q buffer of the current tile, of `buffers` that the tiles take
+    /// in turn, and the parity of the phase its full barrier completes for
+    /// it (its empty barrier's phase of the tile before in the buffer is
+    /// the other parity).
     #[inline(always)]
-    pub fn q_parity(&self) -> u32 {
-        self.tiles & 1
+    pub fn q_buffer(&self, buffers: u32) -> (u32, u32) {
+        (self.tiles % buffers, (self.tiles / buffers) & 1)
     }
 
     /// Past `tile`, whose loads are done or issued.

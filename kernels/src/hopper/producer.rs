@@ -1,8 +1,10 @@
 //! The producer: one thread of warpgroup 0 picks the block's tiles
 //! ([`scheduler`]), hands each to the consumers and issues its TMA loads.
 //!
-//! Per tile, Q lands on its full mbarrier once the consumers have released
-//! the previous tile's Q (its empty barrier). The block's key blocks, over
+//! Per tile, Q lands in the next of the Q buffers, on its full mbarrier,
+//! once the consumers have released the buffer's previous tile (its empty
+//! barrier): with two buffers, while they still work on the tile before
+//! (see [`flash_attn_abi::hopper::HopperSmem::q`]). The block's key blocks, over
 //! all its tiles, go round a ring of stages: the `n`-th to stage `n %
 //! STAGES` in round `n / STAGES`. The producer waits until the consumers
 //! have released the stage's previous round (its empty barrier; in round 0
@@ -45,21 +47,22 @@ pub unsafe fn load_tiles<
     let mut loads = Loads::default();
     let mut index = order.first();
     loop {
-        scheduler::hand_over(smem, index, loads.q_parity());
+        let (q_buffer, q_parity) = loads.q_buffer(Smem::<BM, D, DT, BN, STAGES>::Q_BUFFERS);
+        scheduler::hand_over(smem, index, (q_buffer, q_parity));
         if index >= order.tiles() {
-            arch::mbarrier_arrive(smem.q_full());
+            arch::mbarrier_arrive(smem.q_full(q_buffer));
             return;
         }
         let tile = order.tile::<BM, BN, CAUSAL, GENERAL>(&p.forward, index);
-        load_tile(smem, &tile, &loads, p.tensor_maps, p.forward.heads_per_kv);
+        load_tile(smem, &tile, &loads, q_buffer, p.tensor_maps, p.forward.heads_per_kv);
         loads.advance(&tile);
         index = order.next(index, p.tile_counter);
     }
 }
 
-/// Loads Q and every key block of `tile` (a tile without key blocks: only
-/// the arrival on Q's full barrier, after the tile slot was written),
-/// `loads` into the block's loads;
+/// Loads Q into Q buffer `q_buffer` and every key block of `tile` (a tile
+/// without key blocks: only the arrival on the buffer's full barrier, after
+/// the tile slot was written), `loads` into the block's loads;
 /// `maps` are the tensor maps of q, k and v; `heads_per_kv` query heads
 /// share a key/value head.
 #[inline(always)]
@@ -67,11 +70,12 @@ unsafe fn load_tile<const BM: usize, const D: usize, const DT: usize, const BN: 
     smem: &Smem<BM, D, DT, BN, STAGES>,
     tile: &HopperTile,
     loads: &Loads,
+    q_buffer: u32,
     maps: *const TensorMap,
     heads_per_kv: u32,
 ) {
     if tile.key_blocks() == 0 {
-        arch::mbarrier_arrive(smem.q_full());
+        arch::mbarrier_arrive(smem.q_full(q_buffer));
         return;
     }
     let slabs = Smem::<BM, D, DT, BN, STAGES>::SLABS;
@@ -84,10 +88,10 @@ unsafe fn load_tile<const BM: usize, const D: usize, const DT: usize, const BN: 
 
     let q_bytes = Smem::<BM, D, DT, BN, STAGES>::Q_BYTES;
     load_slabs(
-        smem.q_full(),
+        smem.q_full(q_buffer),
         q_bytes,
         (slabs, SLAB_COLUMNS),
-        |slab| smem.q(slab),
+        |slab| smem.q(q_buffer, slab),
         q_map,
         [(tile.first_token_q + tile.first_row) as i32, q_head, batch],
     );

@@ -154,11 +154,11 @@ impl TileOrder {
 }
 
 /// The producer hands the block's next tile `index` (past the last: the
-/// end) to the consumers: once they have released the last tile's Q
-/// (`q_parity`, [`super::Loads::q_parity`]), which frees the tile slot
-/// too, it writes the slot. Its arrival on Q's full barrier, with Q's load
-/// or alone (a tile without key blocks, the end), releases the write to
-/// the consumers.
+/// end) to the consumers in Q buffer `buffer` (of its phase of `parity`,
+/// [`super::Loads::q_buffer`]): once they have released the buffer's last
+/// tile, which frees its tile slot too, it writes the slot. Its arrival on
+/// the buffer's full barrier, with Q's load or alone (a tile without key
+/// blocks, the end), releases the write to the consumers.
 ///
 /// # Safety
 /// The producer's one thread calls it, after the barriers were initialised.
@@ -166,23 +166,23 @@ impl TileOrder {
 pub unsafe fn hand_over<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
     smem: &Smem<BM, D, DT, BN, STAGES>,
     index: u32,
-    q_parity: u32,
+    (buffer, parity): (u32, u32),
 ) {
-    arch::mbarrier_wait_parity(smem.q_empty(), q_parity ^ 1);
-    arch::st_shared_u32(smem.tile_slot(), index);
+    arch::mbarrier_wait_parity(smem.q_empty(buffer), parity ^ 1);
+    arch::st_shared_u32(smem.tile_slot(buffer), index);
 }
 
-/// A consumer thread takes the tile the producer handed over ([`hand_over`])
-/// once Q's full barrier completes its phase of `q_parity`: the tile's
-/// index, past the last at the end.
+/// A consumer thread takes the tile the producer handed over in Q buffer
+/// `buffer` ([`hand_over`]) once the buffer's full barrier completes its
+/// phase of `parity`: the tile's index, past the last at the end.
 ///
 /// # Safety
 /// Every consumer thread calls it, after the barriers were initialised.
 #[inline(always)]
 pub unsafe fn take<const BM: usize, const D: usize, const DT: usize, const BN: usize, const STAGES: usize>(
     smem: &Smem<BM, D, DT, BN, STAGES>,
-    q_parity: u32,
+    (buffer, parity): (u32, u32),
 ) -> u32 {
-    arch::mbarrier_wait_parity(smem.q_full(), q_parity);
-    arch::ld_shared_u32(smem.tile_slot())
+    arch::mbarrier_wait_parity(smem.q_full(buffer), parity);
+    arch::ld_shared_u32(smem.tile_slot(buffer))
 }

@@ -50,6 +50,8 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     pub const V_SLAB_BYTES: u32 = BN as u32 * Self::V_ROW_BYTES;
     pub const V_SLABS: u32 = D as u32 / Self::V_SLAB_COLUMNS;
     const LAYOUT: HopperSmem = HopperSmem::of(BM as u32, DT as u32, D as u32, BN as u32, STAGES as u32);
+    /// Q buffers: the block's tiles take them in turn.
+    pub const Q_BUFFERS: u32 = Self::LAYOUT.q_buffers;
     /// A consumer's staged O: its 64 rows of the layout's `o_columns`
     /// columns (the head dim's, or a part at a time), in V's slabs.
     pub const O_TILE: SwizzledTile =
@@ -72,10 +74,10 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
         Self { base: dynamic_base.next_multiple_of(SMEM_ALIGN), layout: Self::LAYOUT }
     }
 
-    /// Slab `slab` of Q.
+    /// Slab `slab` of Q buffer `buffer`.
     #[inline(always)]
-    pub fn q(&self, slab: u32) -> u32 {
-        self.base + self.layout.q + slab * Self::Q_SLAB_BYTES
+    pub fn q(&self, buffer: u32, slab: u32) -> u32 {
+        self.base + self.layout.q + buffer * self.layout.q_bytes + slab * Self::Q_SLAB_BYTES
     }
 
     /// Slab `slab` of K's stage `stage`.
@@ -96,30 +98,31 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
         self.base + self.layout.o + group * CONSUMER_ROWS * Self::O_TILE.columns * 2
     }
 
-    /// The mbarrier that completes when the tile slot is written and the
-    /// tile's Q (if it has key blocks) has landed.
+    /// The mbarrier that completes when Q buffer `buffer`'s tile slot is
+    /// written and its tile's Q (if it has key blocks) has landed.
     #[inline(always)]
-    pub fn q_full(&self) -> u32 {
-        self.base + self.layout.barriers
+    pub fn q_full(&self, buffer: u32) -> u32 {
+        self.base + self.layout.barriers + 16 * buffer
     }
 
-    /// Completes when every consumer thread is done reading Q (its warp's
-    /// last `S = Q K^T` of the tile has completed) and the tile slot.
+    /// Completes when every consumer thread is done reading Q buffer
+    /// `buffer` (its warp's last `S = Q K^T` of the tile has completed)
+    /// and its tile slot.
     #[inline(always)]
-    pub fn q_empty(&self) -> u32 {
-        self.base + self.layout.barriers + 8
+    pub fn q_empty(&self, buffer: u32) -> u32 {
+        self.base + self.layout.barriers + 16 * buffer + 8
     }
 
-    /// The index of the block's current tile (u32), which Q's barriers
-    /// guard.
+    /// The index of the tile whose Q buffer `buffer` holds (u32), which the
+    /// buffer's barriers guard.
     #[inline(always)]
-    pub fn tile_slot(&self) -> u32 {
-        self.base + self.layout.tile_slot
+    pub fn tile_slot(&self, buffer: u32) -> u32 {
+        self.base + self.layout.tile_slot + 8 * buffer
     }
 
     #[inline(always)]
     fn stage_barrier(&self, stage: u32, which: u32) -> u32 {
-        self.base + self.layout.barriers + 8 * (2 + 4 * stage + which)
+        self.base + self.layout.barriers + 8 * (2 * Self::Q_BUFFERS + 4 * stage + which)
     }
 
     /// Completes when K of `stage` has landed.
@@ -155,8 +158,10 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     /// The shared memory is the layout's.
     #[inline(always)]
     pub unsafe fn init_barriers(&self) {
-        arch::mbarrier_init(self.q_full(), 1);
-        arch::mbarrier_init(self.q_empty(), Self::CONSUMER_THREADS);
+        for buffer in 0..Self::Q_BUFFERS {
+            arch::mbarrier_init(self.q_full(buffer), 1);
+            arch::mbarrier_init(self.q_empty(buffer), Self::CONSUMER_THREADS);
+        }
         for stage in 0..STAGES as u32 {
             arch::mbarrier_init(self.k_full(stage), 1);
             arch::mbarrier_init(self.k_empty(stage), Self::CONSUMER_WARPS);
@@ -166,11 +171,12 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
         arch::fence_mbarrier_init();
     }
 
-    /// The descriptor of consumer `group`'s 64 rows of Q at k-step `step`
-    /// (columns `16 * step..`): the A operand of `S = Q K^T`.
+    /// The descriptor of consumer `group`'s 64 rows of Q buffer `buffer`
+    /// at k-step `step` (columns `16 * step..`): the A operand of `S = Q
+    /// K^T`.
     #[inline(always)]
-    pub fn q_operand(&self, group: u32, step: u32) -> u64 {
-        k_major(self.q(step / 4) + group * CONSUMER_ROWS * SLAB_ROW_BYTES + 32 * (step % 4))
+    pub fn q_operand(&self, buffer: u32, group: u32, step: u32) -> u64 {
+        k_major(self.q(buffer, step / 4) + group * CONSUMER_ROWS * SLAB_ROW_BYTES + 32 * (step % 4))
     }
 
     /// The descriptor of K of `stage` at k-step `step`: the B operand of
