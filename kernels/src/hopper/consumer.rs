@@ -8,8 +8,9 @@
 //! registers while the tensor cores still work on `O += P V` (FlashAttention-3's
 //! intra-warpgroup overlap); then wait for that, release V, and rescale O
 //! where the row maxima moved. After the last block's scores the consumer
-//! releases Q and the tile slot (the producer hands over the next tile and
-//! loads its Q); the last block's `O += P V` ends the tile.
+//! releases the tile's Q buffer and its tile slot (the producer hands over
+//! the next tile that takes the buffer, and loads its Q); the last block's
+//! `O += P V` ends the tile.
 //!
 //! The consumers take turns at issuing their `wgmma`s, in a round
 //! ([`GemmTurns`], FlashAttention-3's ping-pong): each turn issues one
@@ -185,8 +186,9 @@ unsafe fn compute_tile<
             }
         }
         // Every `S = Q K^T` of the consumer's rows has completed: once the
-        // other consumers' have too, the producer may load the next tile's
-        // Q. Each thread arrives, after its own read of the tile slot.
+        // other consumers' have too, the producer may load the next Q that
+        // takes this buffer. Each thread arrives, after its own read of the
+        // tile slot.
         arch::mbarrier_arrive(smem.q_empty(q_buffer));
         let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
