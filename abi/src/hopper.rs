@@ -100,11 +100,13 @@ impl HopperSmem {
     /// and `stages` stages: two Q buffers where they fit with O staged
     /// whole, else one.
     pub const fn of(block_m: u32, tile_dim: u32, head_dim: u32, block_n: u32, stages: u32) -> Self {
-        let q_bytes = block_m * tile_dim * 2;
-        let kv_bytes = stages * block_n * (tile_dim + head_dim) * 2;
-        let double_end = 2 * q_bytes + kv_bytes + block_m * head_dim * 2 + 8 * (4 + 4 * stages) + 16;
-        let q_buffers = if double_end + SMEM_ALIGN <= MAX_HOPPER_SMEM { 2 } else { 1 };
-        Self::with_q_buffers(block_m, tile_dim, head_dim, block_n, stages, q_buffers)
+        // O staged whole means the layout fits: its columns are those that do.
+        let two = Self::with_q_buffers(block_m, tile_dim, head_dim, block_n, stages, 2);
+        if two.o_columns == head_dim {
+            two
+        } else {
+            Self::with_q_buffers(block_m, tile_dim, head_dim, block_n, stages, 1)
+        }
     }
 
     const fn with_q_buffers(
@@ -124,7 +126,9 @@ impl HopperSmem {
         // After O: the barriers, then the tile slots' 8 bytes each.
         let barrier_bytes = 8 * (2 * q_buffers + 4 * stages);
         let slot_bytes = 8 * q_buffers;
-        let o_columns = o_columns(head_dim, block_m, MAX_HOPPER_SMEM - SMEM_ALIGN - o - barrier_bytes - slot_bytes);
+        // No room (Q and the stages past the limit): no column of O fits.
+        let room = (MAX_HOPPER_SMEM - SMEM_ALIGN).saturating_sub(o + barrier_bytes + slot_bytes);
+        let o_columns = o_columns(head_dim, block_m, room);
         let barriers = o + block_m * o_columns * 2;
         let tile_slot = barriers + barrier_bytes;
         HopperSmem {
@@ -508,9 +512,9 @@ mod tests {
             if l.q_buffers == 2 {
                 assert_eq!((l.k, l.o_columns), (2 * l.q_bytes, c.head_dim), "{}", k.name);
             } else {
-                // A second Q buffer, its barriers and slot, and O whole would not fit.
-                let o_rest = c.block_m() * (c.head_dim - l.o_columns) * 2;
-                assert!(l.end + l.q_bytes + 24 + o_rest + SMEM_ALIGN > MAX_HOPPER_SMEM, "{}", k.name);
+                // With a second Q buffer O would not fit whole.
+                let two = HopperSmem::with_q_buffers(c.block_m(), c.tile_dim, c.head_dim, c.block_n, c.stages, 2);
+                assert!(two.o_columns < c.head_dim && l.k == l.q_bytes, "{}", k.name);
             }
         }
         let buffers = |d| hopper_config_of(d, Variant::General, 128).layout().q_buffers;
