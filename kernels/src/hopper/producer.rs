@@ -11,8 +11,10 @@
 //! the wait on the "previous" parity passes at once), raises the full
 //! barrier's transaction count by the tile's bytes with its one arrival,
 //! and issues one TMA load per slab. K and V have their own
-//! barriers, so that `S = Q K^T` starts before V has landed. The next
-//! tile's loads start while the consumers still work on the last one.
+//! barriers, so that `S = Q K^T` starts before V has landed, and load in
+//! the order the consumers take them: block i's K, then block i - 1's V.
+//! The next tile's loads start while the consumers still work on the last
+//! one.
 
 use flash_attn_abi::hopper::{HopperParams, SLAB_COLUMNS};
 use flash_attn_abi::sm90::TensorMap;
@@ -97,14 +99,24 @@ unsafe fn load_tile<const BM: usize, const D: usize, const DT: usize, const BN: 
     );
     let (k_bytes, v_bytes) = (Smem::<BM, D, DT, BN, STAGES>::K_BYTES, Smem::<BM, D, DT, BN, STAGES>::V_BYTES);
     let v_slabs = (Smem::<BM, D, DT, BN, STAGES>::V_SLABS, Smem::<BM, D, DT, BN, STAGES>::V_SLAB_COLUMNS);
+    let key_rows = |i: u32| [(tile.first_token_k + (tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];
+    let load_v = |i: u32| {
+        let (stage, parity) = loads.stage::<STAGES>(i);
+        arch::mbarrier_wait_parity(smem.v_empty(stage), parity ^ 1);
+        load_slabs(smem.v_full(stage), v_bytes, v_slabs, |slab| smem.v(stage, slab), v_map, key_rows(i));
+    };
+    // Block i's K (for `S = Q K^T`) before block i - 1's V (for its `O +=
+    // P V`), as the consumers take them: K's stage frees a `P V` earlier
+    // than V's, and so does not wait behind it.
     for i in 0..tile.key_blocks() {
         let (stage, parity) = loads.stage::<STAGES>(i);
-        let key_rows = [(tile.first_token_k + (tile.key_block_begin + i) * BN as u32) as i32, kv_head, batch];
         arch::mbarrier_wait_parity(smem.k_empty(stage), parity ^ 1);
-        load_slabs(smem.k_full(stage), k_bytes, (slabs, SLAB_COLUMNS), |slab| smem.k(stage, slab), k_map, key_rows);
-        arch::mbarrier_wait_parity(smem.v_empty(stage), parity ^ 1);
-        load_slabs(smem.v_full(stage), v_bytes, v_slabs, |slab| smem.v(stage, slab), v_map, key_rows);
+        load_slabs(smem.k_full(stage), k_bytes, (slabs, SLAB_COLUMNS), |slab| smem.k(stage, slab), k_map, key_rows(i));
+        if i > 0 {
+            load_v(i - 1);
+        }
     }
+    load_v(tile.key_blocks() - 1);
 }
 
 /// Loads one tile onto the mbarrier at `full`: its one arrival with the
