@@ -59,5 +59,11 @@ PY
 else
   echo "pynvml not importable here: bench_torch.py's monitor tested with a stand-in only"
 fi
-bash -n scripts/gpu-check.sh scripts/fa4-stage.sh
+bash -n scripts/gpu-check.sh scripts/fa4-stage.sh scripts/ncu-compare.sh
+# peer_one.py imports bench_torch.py without torch and refuses bad arguments
+# with its usage line (it runs on the GPU machine only).
+if usage="$(python3 scripts/peer_one.py fa5 128 4096 causal f16 2>&1)"; then
+  echo "peer_one.py took an unknown peer"; exit 1
+fi
+case "$usage" in "usage: python3 peer_one.py"*) ;; *) echo "peer_one.py: $usage"; exit 1 ;; esac
 echo "test-bench-cpu: ok"

@@ -451,7 +451,7 @@ fn gpu_bundle() -> Result<()> {
         let built = root.join("target/release/examples").join(example);
         fs::copy(built, bundle.join("bin").join(example)).map_err(|e| e.to_string())?;
     }
-    for script in ["gpu-check.sh", "bench_torch.py"] {
+    for script in ["gpu-check.sh", "bench_torch.py", "peer_one.py", "ncu-compare.sh"] {
         fs::copy(root.join("scripts").join(script), bundle.join(script)).map_err(|e| format!("{script}: {e}"))?;
     }
     // Every executable embeds the PTX (megabytes of text): compressed, the
@@ -459,7 +459,8 @@ fn gpu_bundle() -> Result<()> {
     run(Command::new("tar").current_dir(&bundle).args(["czf", "bin.tar.gz", "bin"]))?;
     fs::remove_dir_all(bundle.join("bin")).map_err(|e| e.to_string())?;
     println!(
-        "xtask: gpu-bundle/ holds {} test executables, bench, demo and train in bin.tar.gz, and gpu-check.sh",
+        "xtask: gpu-bundle/ holds {} test executables, bench, demo and train in bin.tar.gz, gpu-check.sh and \
+         ncu-compare.sh",
         copied.len()
     );
     println!("xtask: on the GPU machine run: bash gpu-bundle/gpu-check.sh");
