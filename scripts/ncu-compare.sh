@@ -31,11 +31,13 @@ mkdir -p "$results"
 if [ -f "$here/bin.tar.gz" ] && [ ! -x "$here/bin/bench" ]; then tar xzf "$here/bin.tar.gz" -C "$here" bin/bench || exit 1; fi
 fa4_site="${FA4_SITE:-/tmp/fa4-site}"
 [ -d "$fa4_site/flash_attn/cute" ] && export PYTHONPATH="$fa4_site/nvidia_cutlass_dsl/dsl_packages:$fa4_site${PYTHONPATH:+:$PYTHONPATH}"
-# The L2 request coalescer's counters, where this GPU's ncu has any (lrc__*).
-lrc="$(ncu --query-metrics 2>/dev/null | awk '/^lrc__/ { printf ",%s.sum", $1 }')"
-metrics="${NCU_METRICS:-gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,smsp__inst_executed.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_bytes.sum,l1tex__m_xbar2l1tex_read_bytes.sum,dram__bytes_read.sum$lrc}"
-what=(--metrics "$metrics")
-[ "$lines" = 1 ] && what=(--section WarpStateStats --section SourceCounters)
+if [ "$lines" = 1 ]; then
+  what=(--section WarpStateStats --section SourceCounters)
+else
+  # The L2 request coalescer's counters, where this GPU's ncu has any (lrc__*).
+  lrc="$(ncu --query-metrics 2>/dev/null | awk '/^lrc__/ { printf ",%s.sum", $1 }')"
+  what=(--metrics "${NCU_METRICS:-gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,smsp__inst_executed.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_bytes.sum,l1tex__m_xbar2l1tex_read_bytes.sum,dram__bytes_read.sum$lrc}")
+fi
 row="d$d-$dtype-$mask-s$s"
 profile() { # name, then the command to profile and its ncu selection
   local name="$1"; shift
@@ -50,9 +52,12 @@ profile() { # name, then the command to profile and its ncu selection
   echo "== $name ($row): ncu exit $status; $report.log"
   grep -E "^ +[a-z0-9_]+__[a-z0-9_.]+ +" "$report.log" | head -40
 }
-# Ours: the bench's first 30 launches of the kernel warm up, the 31st is profiled.
+# Ours: the bench's first 30 launches of the kernel warm up, the 31st is
+# profiled; its JSONL gives the peers the row's shape.
+ours="$results/$row-ours.jsonl"
 profile ours --kernel-name "regex:^flash_fwd_sm90_d${d}_${dtype}_${variant}" --launch-skip 30 --launch-count 1 \
-  "$here/bin/bench" --no-decode --no-backward "${mask_args[@]}" --dtypes "$dtype" --head-dims "$d" --seqlens "$s" --reps 5
+  "$here/bin/bench" --no-decode --no-backward "${mask_args[@]}" --dtypes "$dtype" --head-dims "$d" --seqlens "$s" \
+  --reps 5 --out "$ours"
 for peer in ${peers//,/ }; do
-  profile "$peer" --profile-from-start off python3 "$here/peer_one.py" "$peer" "$d" "$s" "$mask" "$dtype"
+  profile "$peer" --profile-from-start off python3 "$here/peer_one.py" "$peer" "$ours" "$mask"
 done

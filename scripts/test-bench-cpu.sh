@@ -62,7 +62,7 @@ fi
 bash -n scripts/gpu-check.sh scripts/fa4-stage.sh scripts/ncu-compare.sh
 # peer_one.py imports bench_torch.py without torch and refuses bad arguments
 # with its usage line (it runs on the GPU machine only).
-if usage="$(python3 scripts/peer_one.py fa5 128 4096 causal f16 2>&1)"; then
+if usage="$(python3 scripts/peer_one.py fa5 ours.jsonl causal 2>&1)"; then
   echo "peer_one.py took an unknown peer"; exit 1
 fi
 case "$usage" in "usage: python3 peer_one.py"*) ;; *) echo "peer_one.py: $usage"; exit 1 ;; esac
