@@ -12,12 +12,12 @@
 #   .fa4/s1: the first 38 MiB of it ($FA4_PART1_MIB),
 #   .fa4/s2: the rest, the seven small wheels (about 10 MB) and install.sh,
 # so that each call below stays under 64 MiB. It prints the sizes and what each call carries. The
-# whole gpu bundle (about 31 MiB) no longer fits beside .fa4/s2: the second call carries a bench
-# bundle instead (gpu-check.sh, bench_torch.py and bin/bench alone, about 3 MiB), made here after
-# `cargo xtask gpu-bundle`:
+# whole gpu bundle (about 16 MiB) does not fit beside .fa4/s2: the second call carries a bench
+# bundle instead (gpu-check.sh, bench_torch.py, peer_one.py, ncu-compare.sh and bin/bench alone,
+# about 2 MiB), made here after `cargo xtask gpu-bundle`:
 #   rm -rf .bench-bundle /tmp/bb && mkdir -p .bench-bundle /tmp/bb
-#   cp gpu-bundle/gpu-check.sh gpu-bundle/bench_torch.py .bench-bundle/
-#   tar xzf gpu-bundle/bin.tar.gz -C /tmp/bb bin/bench && tar czf .bench-bundle/bin.tar.gz -C /tmp/bb bin
+#   cp gpu-bundle/*.sh gpu-bundle/*.py .bench-bundle/
+#   tar xJf gpu-bundle/bin.tar.xz -C /tmp/bb bin/bench && tar cJf .bench-bundle/bin.tar.xz -C /tmp/bb bin
 # and the tests part runs in a call of its own with the whole bundle.
 #
 # The two device calls, the second sent as soon as the first returns (a machine stays warm only some

@@ -26,8 +26,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 results="${OUT:-$here/results}"
 mkdir -p "$results"
 # The executables travel compressed (xtask gpu-bundle).
-if [ -f "$here/bin.tar.gz" ]; then
-  rm -rf "$here/bin" && tar xzf "$here/bin.tar.gz" -C "$here" || { echo "gpu-check: cannot unpack bin.tar.gz"; exit 1; }
+if [ -f "$here/bin.tar.xz" ]; then
+  rm -rf "$here/bin" && tar xJf "$here/bin.tar.xz" -C "$here" || { echo "gpu-check: cannot unpack bin.tar.xz"; exit 1; }
 fi
 rm -f "$results/tests.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$results/gpu.txt"

@@ -28,7 +28,7 @@ case "$mask" in causal) variant=causal; mask_args=() ;; non-causal) variant=full
   *) echo "ncu-compare: causal or non-causal, not '$mask'"; exit 1 ;; esac
 results="${OUT:-$here/results}/ncu"
 mkdir -p "$results"
-if [ -f "$here/bin.tar.gz" ] && [ ! -x "$here/bin/bench" ]; then tar xzf "$here/bin.tar.gz" -C "$here" bin/bench || exit 1; fi
+if [ -f "$here/bin.tar.xz" ] && [ ! -x "$here/bin/bench" ]; then tar xJf "$here/bin.tar.xz" -C "$here" bin/bench || exit 1; fi
 fa4_site="${FA4_SITE:-/tmp/fa4-site}"
 [ -d "$fa4_site/flash_attn/cute" ] && export PYTHONPATH="$fa4_site/nvidia_cutlass_dsl/dsl_packages:$fa4_site${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$lines" = 1 ]; then
