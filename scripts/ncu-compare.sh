@@ -42,13 +42,15 @@ row="d$d-$dtype-$mask-s$s"
 profile() { # name, then the command to profile and its ncu selection
   local name="$1"; shift
   local report="$results/$row-$name"
+  local status
   if [ "$lines" = 1 ]; then
     ncu --clock-control none "${what[@]}" -f -o "$report" "$@" > "$report.log" 2>&1
+    status=$?
     ncu --import "$report.ncu-rep" --page source --csv --print-source sass > "$report-source.csv" 2>> "$report.log"
   else
     ncu --clock-control none "${what[@]}" "$@" > "$report.log" 2>&1
+    status=$?
   fi
-  local status=$?
   echo "== $name ($row): ncu exit $status; $report.log"
   grep -E "^ +[a-z0-9_]+__[a-z0-9_.]+ +" "$report.log" | head -40
 }

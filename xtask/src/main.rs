@@ -458,7 +458,7 @@ fn gpu_bundle() -> Result<()> {
     // bundle stays well inside what the GPU machine's carry takes (64 MiB
     // a call with the working tree). xz, not gzip: the executables share
     // most of their bytes, which gzip's 32 KiB window cannot see (47 MB
-    // gzipped against a few MB).
+    // gzipped against 16 MB).
     run(Command::new("tar").current_dir(&bundle).env("XZ_OPT", "-6 -T0").args(["cJf", "bin.tar.xz", "bin"]))?;
     fs::remove_dir_all(bundle.join("bin")).map_err(|e| e.to_string())?;
     println!(
