@@ -2,15 +2,17 @@
 //! over with its Q, through every key block, then the epilogue.
 //!
 //! Per key block `i`: wait for K, issue `S = Q K^T` (`D / 16` `wgmma`s
-//! from shared memory); wait for V of block `i - 1` and issue its `O += P
+//! from shared memory, or with Q from registers where
+//! [`q_in_registers`]); wait for V of block `i - 1` and issue its `O += P
 //! V` (`BN / 16` `wgmma`s with P from registers); wait for the scores only,
 //! release K, and run the mask and the online softmax of block `i` in
 //! registers while the tensor cores still work on `O += P V` (FlashAttention-3's
 //! intra-warpgroup overlap); then wait for that, release V, and rescale O
-//! where the row maxima moved. After the last block's scores the consumer
-//! releases the tile's Q buffer and its tile slot (the producer hands over
-//! the next tile that takes the buffer, and loads its Q); the last block's
-//! `O += P V` ends the tile.
+//! where the row maxima moved. After the last block's scores (with Q in
+//! registers, once it has loaded them) the consumer releases the tile's Q
+//! buffer and its tile slot (the producer hands over the next tile that
+//! takes the buffer, and loads its Q); the last block's `O += P V` ends
+//! the tile.
 //!
 //! The consumers take turns at issuing their `wgmma`s, in a round
 //! ([`GemmTurns`], FlashAttention-3's ping-pong): each turn issues one
@@ -24,7 +26,7 @@
 //! kernels' softmax and mask ([`crate::softmax`]) and P's conversion to A
 //! fragments ([`crate::mma::probabilities_as_a`]) apply to it as they are.
 
-use flash_attn_abi::hopper::{HopperParams, CONSUMER_ROWS, WARPGROUP_THREADS};
+use flash_attn_abi::hopper::{HopperParams, CONSUMER_ROWS, SLAB_ROW_BYTES, WARPGROUP_THREADS};
 
 use super::epilogue;
 use super::scheduler::{self, HopperTile, TileOrder};
@@ -134,11 +136,17 @@ unsafe fn compute_tile<
         // No Q to read: the tile slot only, which this thread has read.
         arch::mbarrier_arrive(smem.q_empty(q_buffer));
     } else {
+        let q = QOperand::<D>::of(smem, q_buffer, group, warp, lane);
+        if q_in_registers(D) {
+            // Q is in registers and the tile slot read: the producer may
+            // load the next Q that takes this buffer.
+            arch::mbarrier_arrive(smem.q_empty(q_buffer));
+        }
         // Block 0: its scores alone, then its probabilities.
         let (first, first_parity) = loads.stage::<STAGES>(0);
         arch::mbarrier_wait_parity(smem.k_full(first), first_parity);
         turns.begin();
-        let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, q_buffer, group, first);
+        let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, &q, first);
         turns.end();
         arch::wgmma_wait_group::<0>();
         arch::wgmma_fence_operand(&mut s);
@@ -156,7 +164,7 @@ unsafe fn compute_tile<
             let (previous, previous_parity) = loads.stage::<STAGES>(i - 1);
             arch::mbarrier_wait_parity(smem.k_full(stage), parity);
             turns.begin();
-            let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, q_buffer, group, stage);
+            let mut s = issue_scores::<E, BM, D, DT, BN, STAGES, S_REGS>(smem, &q, stage);
             arch::mbarrier_wait_parity(smem.v_full(previous), previous_parity);
             issue_output::<E, BM, D, DT, BN, STAGES, O_REGS, P_STEPS>(smem, &mut o, &p_frags[0], previous);
             turns.end();
@@ -185,11 +193,13 @@ unsafe fn compute_tile<
                 }
             }
         }
-        // Every `S = Q K^T` of the consumer's rows has completed: once the
-        // other consumers' have too, the producer may load the next Q that
-        // takes this buffer. Each thread arrives, after its own read of the
-        // tile slot.
-        arch::mbarrier_arrive(smem.q_empty(q_buffer));
+        if !q_in_registers(D) {
+            // Every `S = Q K^T` of the consumer's rows has completed: once
+            // the other consumers' have too, the producer may load the next
+            // Q that takes this buffer. Each thread arrives, after its own
+            // read of the tile slot.
+            arch::mbarrier_arrive(smem.q_empty(q_buffer));
+        }
         let (last, last_parity) = loads.stage::<STAGES>(blocks - 1);
         arch::mbarrier_wait_parity(smem.v_full(last), last_parity);
         turns.begin();
@@ -346,10 +356,63 @@ unsafe fn release(lane: u32, barrier: u32) {
     }
 }
 
-/// Issues `S = Q K^T` of consumer `group`'s rows of Q buffer `q_buffer`
-/// against K of `stage`, as one committed `wgmma` group, over the head
-/// dim's `D / 16` k-steps (the tiles' columns past it are zeros); the
-/// scores are there after the wait that covers it.
+/// Whether the consumers of head dim `d` hold their rows of Q in
+/// registers for the whole tile (`S = Q K^T` by `wgmma` with A from
+/// registers), releasing the Q buffer as soon as they have loaded it,
+/// rather than reading Q from shared memory at every key block. Only d =
+/// 96: it measured +1.8% there (causal +2..+4.6%, H200, f16) and -0.3% at
+/// d = 128, and the fragments (`D / 4` registers a thread) spill at d =
+/// 64 (three consumers of 160 registers) and at d >= 160
+/// (docs/hopper.md, "What is left" 5).
+pub const fn q_in_registers(d: usize) -> bool {
+    d == 96
+}
+
+/// The A operand of a consumer's `S = Q K^T`: its warps' A fragments of
+/// Q, one per k-step of 16 columns, where [`q_in_registers`], else the
+/// Q buffer whose descriptors `S = Q K^T` takes.
+struct QOperand<const D: usize> {
+    fragments: [[u32; 4]; 16],
+    buffer: u32,
+    group: u32,
+}
+
+impl<const D: usize> QOperand<D> {
+    /// Consumer `group`'s rows of Q buffer `q_buffer`; where
+    /// [`q_in_registers`], warp `warp`'s fragments, by `ldmatrix.x4` of
+    /// the swizzled slabs: matrices (rows 0-7, 8-15) x (columns 0-7,
+    /// 8-15) of the warp's 16 rows, as `mma.sync`'s A.
+    ///
+    /// # Safety
+    /// The buffer's Q has landed.
+    #[inline(always)]
+    unsafe fn of<const BM: usize, const DT: usize, const BN: usize, const STAGES: usize>(
+        smem: &Smem<BM, D, DT, BN, STAGES>,
+        q_buffer: u32,
+        group: u32,
+        warp: u32,
+        lane: u32,
+    ) -> Self {
+        let mut fragments = [[0u32; 4]; 16];
+        if q_in_registers(D) {
+            let row = CONSUMER_ROWS * group + 16 * warp + lane % 8 + 8 * (lane / 8 % 2);
+            for step in 0..(D / 16) as u32 {
+                // A 16-byte chunk's place in its 128-byte row, XORed with
+                // the row's place in the swizzle's 8-row repeat, as TMA
+                // lays it out.
+                let chunk = 2 * (step % 4) + lane / 16;
+                let addr = smem.q(q_buffer, step / 4) + row * SLAB_ROW_BYTES + 16 * (chunk ^ (row % 8));
+                fragments[step as usize] = arch::ldmatrix_x4(addr);
+            }
+        }
+        QOperand { fragments, buffer: q_buffer, group }
+    }
+}
+
+/// Issues `S = Q K^T` of a consumer's rows of Q (`q`) against K of
+/// `stage`, as one committed `wgmma` group, over the head dim's `D / 16`
+/// k-steps (the tiles' columns past it are zeros); the scores are there
+/// after the wait that covers it.
 #[inline(always)]
 fn issue_scores<
     E: Element,
@@ -361,20 +424,19 @@ fn issue_scores<
     const S_REGS: usize,
 >(
     smem: &Smem<BM, D, DT, BN, STAGES>,
-    q_buffer: u32,
-    group: u32,
+    q: &QOperand<D>,
     stage: u32,
 ) -> WgmmaAccumulator<S_REGS> {
     let mut s = WgmmaAccumulator::<S_REGS>::new([0.0; S_REGS]);
     arch::wgmma_fence_operand(&mut s);
     arch::wgmma_fence();
     for step in 0..(D / 16) as u32 {
-        E::wgmma_ss::<S_REGS, 0, 0>(
-            &mut s,
-            smem.q_operand(q_buffer, group, step),
-            smem.k_operand(stage, step),
-            step > 0,
-        );
+        let k = smem.k_operand(stage, step);
+        if q_in_registers(D) {
+            E::wgmma_rs::<S_REGS, 0>(&mut s, &q.fragments[step as usize], k, step > 0);
+        } else {
+            E::wgmma_ss::<S_REGS, 0, 0>(&mut s, smem.q_operand(q.buffer, q.group, step), k, step > 0);
+        }
     }
     arch::wgmma_commit_group();
     arch::wgmma_fence_operand(&mut s);
