@@ -1019,6 +1019,34 @@ mod tests {
     }
 
     #[test]
+    fn sm90a_causal_plans_interleave_heads_in_sections() {
+        let sections = |c: &Call| {
+            let plan = plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
+            let launch = plan.hopper.unwrap();
+            let launches = plan.launches(OutputAddrs { o: 1 << 20, lse: 2 << 20 }, 3 << 20);
+            let [Launch { args: KernelArgs::Hopper(params), .. }] = launches.as_slice() else {
+                panic!("one sm_90a launch")
+            };
+            assert_eq!(params.section_heads, launch.section_heads);
+            launch.section_heads
+        };
+        // 64 heads of 2 MiB of K and V (d = 128, 4096 keys): 12 fit 25 MB, 8 divide 64.
+        let d128 = call(4, 4096, 4096, 16, 16, 128);
+        assert_eq!(sections(&causal(d128.clone())), 8);
+        // Unmasked and windowed calls keep their order.
+        assert_eq!(sections(&d128), 1);
+        let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..d128 };
+        assert_eq!(sections(&windowed), 1);
+        // 32 heads of 4 MiB (d = 256): 6 fit, 4 divide; short heads all fit.
+        assert_eq!(sections(&causal(call(4, 4096, 4096, 8, 8, 256))), 4);
+        assert_eq!(sections(&causal(call(2, 1000, 1000, 8, 2, 128))), 16);
+        // Packed sequences take the general kernel, in their order.
+        let mut packed = causal(call(3, 1000, 700, 8, 2, 128));
+        packed.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512, total_q: 2500, total_k: 1800 };
+        assert_eq!(sections(&packed), 1);
+    }
+
+    #[test]
     fn sm90a_plans_take_packed_sequences_on_the_general_kernel() {
         let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
         // Three sequences of at most 1000 queries and 700 keys, 2500 and 1800 tokens in all.
