@@ -95,10 +95,11 @@ if [ "$part" != bench ]; then
       # catches races: with one of the epilogue's barriers removed (branch
       # exp/racecheck-control) it reports hazards.
       # racecheck over gpu_features with every kernel instrumented at once
-      # runs past 450 s on an H200 (driver 580, compute-sanitizer 2025.3.1),
-      # while its sm_90a forward kernels alone take 52 s and all the others
-      # alone 57 s: it runs in those two passes, which together instrument
-      # every kernel it launches (racecheck's hazards are within one launch).
+      # runs past the time limit on an H200 (compute-sanitizer 2025.3.1),
+      # while its sm_90a forward kernels alone and all its other kernels
+      # alone each finish in about a minute: it runs in those two passes,
+      # which together instrument every kernel it launches (racecheck's
+      # hazards lie within one launch).
       passes=("")
       case "$tool:$name" in
         racecheck:*gpu_hopper*) passes=("--kernel-name kns=flash_fwd_sm90") ;;
