@@ -282,6 +282,21 @@ pub fn hopper_tiles(seqlen_q: usize, heads_q: usize, batch: usize, block_m: u32)
     Some((query_blocks as u32, tiles))
 }
 
+/// The heads (of every batch) whose tiles a causal call orders together,
+/// each query block of every head of the section (heaviest first) before
+/// the next block: the heavy tiles of the call's last heads then start with
+/// the other blocks' heavy tiles, not after them, when little work is left
+/// to fill in beside them. The most heads that put their K and V in
+/// `l2_bytes`, so that the blocks running at once still find them in L2,
+/// and divide `heads` (sections of one size: the kernel's order is two
+/// divisions); at least 1. `kv_bytes_per_head` is a head's K and V (of one
+/// batch).
+pub fn hopper_causal_section(heads: usize, kv_bytes_per_head: usize, l2_bytes: usize) -> u32 {
+    let fit = (l2_bytes / kv_bytes_per_head.max(1)).clamp(1, heads.max(1));
+    let section = (1..=fit).rev().find(|s| heads.is_multiple_of(*s)).unwrap_or(1);
+    section.min(u32::MAX as usize) as u32
+}
+
 /// The argument block of the sm_90a kernels: the portable kernels' block
 /// (outputs, strides, sizes, scale, mask) and the tensor maps of q, k and v
 /// that the producer loads through. The general kernels read the window,
@@ -306,6 +321,9 @@ pub struct HopperParams {
     pub query_blocks: u32,
     pub tiles: u32,
     pub blocks: u32,
+    /// The heads (of every batch, `heads_q * batch` in all) whose causal
+    /// tiles interleave ([`hopper_causal_section`]): 1 for the other calls.
+    pub section_heads: u32,
     /// The call's tile counter, a zeroed u32 in global memory: a block
     /// past its first tile (its index) takes the next of the call's tiles
     /// no block has taken, `blocks + atomicAdd(counter, 1)`. Null: block
@@ -461,6 +479,26 @@ mod tests {
     use super::*;
     use std::format;
     use std::string::String;
+
+    #[test]
+    fn causal_sections_fit_the_l2_and_divide_the_heads() {
+        const MIB: usize = 1 << 20;
+        // d = 128 s = 4096 (2 MiB of K and V a head), 64 heads: 12 fit, 8 divide.
+        assert_eq!(hopper_causal_section(64, 2 * MIB, 25 * MIB), 8);
+        // d = 256 s = 4096 (4 MiB), 32 heads: 6 fit, 4 divide.
+        assert_eq!(hopper_causal_section(32, 4 * MIB, 25 * MIB), 4);
+        // Small heads: all of them; a prime count past the fit: one.
+        assert_eq!(hopper_causal_section(7, 1024, 25 * MIB), 7);
+        assert_eq!(hopper_causal_section(7, 8 * MIB, 25 * MIB), 1);
+        // A head over the budget, no heads, no bytes: never zero.
+        assert_eq!(hopper_causal_section(16, 64 * MIB, 25 * MIB), 1);
+        assert_eq!(hopper_causal_section(0, 2 * MIB, 25 * MIB), 1);
+        assert_eq!(hopper_causal_section(12, 0, 25 * MIB), 12);
+        for heads in 1..200 {
+            let s = hopper_causal_section(heads, 3 * MIB, 25 * MIB) as usize;
+            assert!(heads.is_multiple_of(s) && s <= 8, "{heads} heads: {s}");
+        }
+    }
 
     #[test]
     fn names_follow_head_dim_dtype_variant_and_tile_rows() {

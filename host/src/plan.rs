@@ -13,7 +13,8 @@ use flash_attn_abi::config::MAX_ROW_STRIDE;
 use std::mem::offset_of;
 
 use flash_attn_abi::hopper::{
-    hopper_block_m, hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch, SLAB_COLUMNS,
+    hopper_block_m, hopper_causal_section, hopper_kernel, hopper_tiles, HopperKernel, HopperParams, HopperScratch,
+    SLAB_COLUMNS,
 };
 use flash_attn_abi::hopper_backward::{
     hopper_backward_kernel, HopperBackwardKernel, HopperBackwardParams, HopperBackwardScratch,
@@ -284,6 +285,8 @@ pub struct HopperLaunch {
     /// The call's query blocks and tiles ([`hopper_tiles`]).
     pub query_blocks: u32,
     pub tiles: u32,
+    /// The heads whose causal tiles interleave ([`hopper_causal_section`]).
+    pub section_heads: u32,
     /// Whether the blocks take their tiles after the first off the call's
     /// tile counter ([`HopperParams::tile_counter`]) rather than every
     /// grid-th.
@@ -361,6 +364,7 @@ impl Plan {
                     query_blocks: hopper.query_blocks,
                     tiles: hopper.tiles,
                     blocks: hopper.grid[0],
+                    section_heads: hopper.section_heads,
                     tile_counter: if hopper.tile_counter { counter as *mut u32 } else { std::ptr::null_mut() },
                 }),
             });
@@ -644,6 +648,11 @@ fn tma_map(
     }
 }
 
+/// The L2 that a causal call's section of heads fills with its K and V
+/// ([`hopper_causal_section`]): half of an H100's or H200's 50 MB, the
+/// share one of its two partitions holds near its SMs.
+const CAUSAL_SECTION_L2_BYTES: usize = 25 << 20;
+
 /// The sm_90a kernel for `call`, with the tensor maps of its q, k and v,
 /// if the call is one those kernels take: dense or packed sequences (not a
 /// KV cache), no split asked for, a head dim and element type of the
@@ -700,7 +709,17 @@ fn hopper_launch(call: &Call, sm_count: usize) -> Option<HopperLaunch> {
         return None;
     }
     let tile_counter = variant != Variant::Full && grid_x < tiles;
-    Some(HopperLaunch { kernel, grid: [grid_x, 1, 1], maps, query_blocks, tiles, tile_counter })
+    // The causal kernel's tiles of several heads interleave (dense calls
+    // only: the general kernel takes the packed ones, whose sequences
+    // differ in length).
+    let section_heads = if variant == Variant::Causal {
+        // K and V, of 2-byte elements (f16 and bf16).
+        let kv_bytes_per_head = 2 * p.seqlen_k * p.head_dim * 2;
+        hopper_causal_section(p.heads_q * p.batch, kv_bytes_per_head, CAUSAL_SECTION_L2_BYTES)
+    } else {
+        1
+    };
+    Some(HopperLaunch { kernel, grid: [grid_x, 1, 1], maps, query_blocks, tiles, section_heads, tile_counter })
 }
 
 /// Plans `call` on the sm_80 kernels ([`plan_for`] with [`KernelFamily::Sm80`]).
@@ -997,6 +1016,34 @@ mod tests {
         let mut unaligned = dense;
         unaligned.v.addr += 8;
         assert!(hopper(&unaligned).is_none());
+    }
+
+    #[test]
+    fn sm90a_causal_plans_interleave_heads_in_sections() {
+        let sections = |c: &Call| {
+            let plan = plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
+            let launch = plan.hopper.unwrap();
+            let launches = plan.launches(OutputAddrs { o: 1 << 20, lse: 2 << 20 }, 3 << 20);
+            let [Launch { args: KernelArgs::Hopper(params), .. }] = launches.as_slice() else {
+                panic!("one sm_90a launch")
+            };
+            assert_eq!(params.section_heads, launch.section_heads);
+            launch.section_heads
+        };
+        // 64 heads of 2 MiB of K and V (d = 128, 4096 keys): 12 fit 25 MB, 8 divide 64.
+        let d128 = call(4, 4096, 4096, 16, 16, 128);
+        assert_eq!(sections(&causal(d128.clone())), 8);
+        // Unmasked and windowed calls keep their order.
+        assert_eq!(sections(&d128), 1);
+        let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..d128 };
+        assert_eq!(sections(&windowed), 1);
+        // 32 heads of 4 MiB (d = 256): 6 fit, 4 divide; short heads all fit.
+        assert_eq!(sections(&causal(call(4, 4096, 4096, 8, 8, 256))), 4);
+        assert_eq!(sections(&causal(call(2, 1000, 1000, 8, 2, 128))), 16);
+        // Packed sequences take the general kernel, in their order.
+        let mut packed = causal(call(3, 1000, 700, 8, 2, 128));
+        packed.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512, total_q: 2500, total_k: 1800 };
+        assert_eq!(sections(&packed), 1);
     }
 
     #[test]

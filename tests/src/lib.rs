@@ -208,7 +208,7 @@ pub fn random_tensor<T: TestElement>(rng: &mut impl Rng, shape: [usize; 4], plac
 }
 
 /// One test case.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Case {
     pub batch: usize,
     pub seqlen_q: usize,

@@ -20,10 +20,11 @@ use flash_attn_tests::{
     Placement, TestElement,
 };
 
-/// The kernel the host plans for `case` on compute capability 9.0: the
-/// call validated at host addresses of the same alignment (16 bytes) and
-/// strides as the device buffers, planned for [`KernelFamily::Sm90a`].
-fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> String {
+/// The kernel the host plans for `case` on compute capability 9.0, and the
+/// heads whose causal tiles it interleaves: the call validated at host
+/// addresses of the same alignment (16 bytes) and strides as the device
+/// buffers, planned for [`KernelFamily::Sm90a`].
+fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> (String, u32) {
     let dtype = <T as Element>::DTYPE;
     let tensor = |shape: [usize; 4]| emulator::Tensor::filled(shape, case.placement.strides(shape), 0);
     let q_shape = [case.batch, case.seqlen_q, case.heads_q, case.head_dim];
@@ -38,7 +39,25 @@ fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> String {
     let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &case.params(modifiers))
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let plan = plan_for(&call, |_: &AttentionKernel| 1, KernelFamily::Sm90a { sm_count: 132 }).expect("a plan");
-    plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name).to_string()
+    plan.hopper.map_or((plan.kernel.name.to_string(), 1), |h| (h.kernel.name.to_string(), h.section_heads))
+}
+
+/// A causal case whose 16 heads (of both batches) take two sections of 8
+/// (their K and V, 2 MiB a head at every head dim, fill the 25 MB a
+/// section may by 12 heads; 8 divide 16).
+fn sections_case(head_dim: usize) -> Case {
+    let seqlen_k = 8192 * 64 / head_dim;
+    Case {
+        batch: 2,
+        seqlen_q: 130,
+        seqlen_k,
+        heads_q: 8,
+        heads_kv: 2,
+        head_dim,
+        causal: true,
+        softmax_scale: None,
+        placement: Placement::Contiguous,
+    }
 }
 
 /// The cases of one head dim, causal or not: (batch, seqlen_q, seqlen_k,
@@ -56,7 +75,7 @@ fn cases(head_dim: usize, causal: bool) -> Vec<Case> {
         // for the sanitizers' case cap).
         (20, 17, 40, 16, 4, Placement::Padded),
     ];
-    shapes
+    let mut cases: Vec<Case> = shapes
         .into_iter()
         .enumerate()
         .map(|(i, (batch, seqlen_q, seqlen_k, heads_q, heads_kv, placement))| Case {
@@ -70,7 +89,11 @@ fn cases(head_dim: usize, causal: bool) -> Vec<Case> {
             softmax_scale: if i == 3 { Some(0.3) } else { None },
             placement,
         })
-        .collect()
+        .collect();
+    if causal {
+        cases.push(sections_case(head_dim));
+    }
+    cases
 }
 
 fn run<T: TestElement>(test: &str) {
@@ -117,8 +140,11 @@ fn run<T: TestElement>(test: &str) {
             .collect();
         assert!(cases.len() >= 2, "{}: {} cases", kernel.name, cases.len());
         for (case, modifiers) in cases {
-            let planned = planned_kernel::<T>(&case, modifiers);
+            let (planned, section_heads) = planned_kernel::<T>(&case, modifiers);
             assert_eq!(planned, kernel.name, "{case:?} {modifiers:?}: planned for another kernel");
+            if case == sections_case(d as usize) {
+                assert_eq!(section_heads, 8, "{case:?}: not the sections the case is for");
+            }
             if left_out_of_this_run(test, &case, case.batch * case.heads_q * case.seqlen_q * case.seqlen_k) {
                 continue;
             }

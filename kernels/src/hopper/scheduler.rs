@@ -9,10 +9,13 @@
 //! so that a block that drew light tiles takes more of them; without it,
 //! the tile a grid further on. Tiles are ordered query block fastest, so
 //! that the blocks running at once share a head's K and V in L2 (across
-//! heads, causal tiles read K and V from memory at about 128 FLOP a byte,
-//! below what the tensor cores need). Causal tiles go from a head's last
-//! query block (the rows that see the most keys) to its first, so that
-//! the light tiles come last and fill in around the heavy ones.
+//! all heads, causal tiles read K and V from memory at about 128 FLOP a
+//! byte, below what the tensor cores need). Causal tiles go from the last
+//! query block (the rows that see the most keys) to the first, so that
+//! the light tiles come last and fill in around the heavy ones, and each
+//! block of a section of heads whose K and V fit in L2 before the next
+//! ([`HopperParams::section_heads`]): head by head, the last heads' heavy
+//! tiles would start when little work is left to fill in beside them.
 
 use flash_attn_abi::hopper::HopperParams;
 
@@ -58,6 +61,8 @@ impl HopperTile {
 pub struct TileOrder {
     query_blocks: u32,
     heads: u32,
+    /// The heads (of every batch) whose causal tiles interleave.
+    section_heads: u32,
     /// Every tile of the call: `query_blocks * heads * batch`.
     tiles: u32,
     /// The grid's blocks.
@@ -67,7 +72,13 @@ pub struct TileOrder {
 impl TileOrder {
     #[inline(always)]
     pub fn of(p: &HopperParams) -> Self {
-        TileOrder { query_blocks: p.query_blocks, heads: p.forward.heads_q, tiles: p.tiles, blocks: p.blocks }
+        TileOrder {
+            query_blocks: p.query_blocks,
+            heads: p.forward.heads_q,
+            section_heads: p.section_heads,
+            tiles: p.tiles,
+            blocks: p.blocks,
+        }
     }
 
     /// The tiles of the call: the index past the last is the end.
@@ -113,7 +124,11 @@ impl TileOrder {
         // Neither is zero for a launched grid; saying so drops the
         // divide-by-zero panic paths.
         unsafe { core::hint::assert_unchecked(self.query_blocks != 0 && self.heads != 0) };
-        let (block_of_head, head_batch) = (index % self.query_blocks, index / self.query_blocks);
+        let (block_of_head, head_batch) = if CAUSAL {
+            unsafe { in_sections(index, self.query_blocks, self.section_heads) }
+        } else {
+            (index % self.query_blocks, index / self.query_blocks)
+        };
         let query_block = if CAUSAL { self.query_blocks - 1 - block_of_head } else { block_of_head };
         let first_row = query_block * BM as u32;
         let batch = head_batch / self.heads;
@@ -153,6 +168,23 @@ impl TileOrder {
     }
 }
 
+/// Tile `index` of a causal call as `(query block counted from the
+/// heaviest, head of all batches)`: section by section of `section_heads`
+/// heads, and in one, each query block of its heads in turn.
+///
+/// # Safety
+/// `section_heads` divides the call's heads of all batches and `index` is
+/// below `query_blocks` times those (the host's
+/// [`HopperParams::section_heads`]), which fits in a u32: no divisor is
+/// then zero, which saying so drops the panic paths of.
+#[inline(always)]
+unsafe fn in_sections(index: u32, query_blocks: u32, section_heads: u32) -> (u32, u32) {
+    let section_tiles = section_heads * query_blocks;
+    unsafe { core::hint::assert_unchecked(section_tiles != 0 && section_heads != 0) };
+    let (section, within) = (index / section_tiles, index % section_tiles);
+    (within / section_heads, section * section_heads + within % section_heads)
+}
+
 /// The producer hands the block's next tile `index` (past the last: the
 /// end) to the consumers in Q buffer `buffer` (of its phase of `parity`,
 /// [`super::Loads::q_buffer`]): once they have released the buffer's last
@@ -185,4 +217,31 @@ pub unsafe fn take<const BM: usize, const D: usize, const DT: usize, const BN: u
 ) -> u32 {
     arch::mbarrier_wait_parity(smem.q_full(buffer), parity);
     arch::ld_shared_u32(smem.tile_slot(buffer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_sections;
+
+    /// Every tile once; in a section, each query block of all its heads
+    /// before the next; sections in order of their heads.
+    #[test]
+    fn sections_order_every_tile_once_heaviest_blocks_first() {
+        for (query_blocks, heads) in [(1u32, 1u32), (32, 64), (8, 7), (5, 12), (128, 40)] {
+            for section_heads in (1..=heads).filter(|s| heads.is_multiple_of(*s)) {
+                let mut seen = vec![false; (query_blocks * heads) as usize];
+                let mut last = (0, 0);
+                for index in 0..query_blocks * heads {
+                    let (block, head) = unsafe { in_sections(index, query_blocks, section_heads) };
+                    assert!(block < query_blocks && head < heads);
+                    let at = (head * query_blocks + block) as usize;
+                    assert!(!seen[at], "tile {index} again: block {block} of head {head}");
+                    seen[at] = true;
+                    let key = (head / section_heads, block);
+                    assert!(index == 0 || key >= last, "tile {index}: {key:?} after {last:?}");
+                    last = key;
+                }
+            }
+        }
+    }
 }
