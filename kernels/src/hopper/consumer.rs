@@ -26,7 +26,7 @@
 //! kernels' softmax and mask ([`crate::softmax`]) and P's conversion to A
 //! fragments ([`crate::mma::probabilities_as_a`]) apply to it as they are.
 
-use flash_attn_abi::hopper::{HopperParams, CONSUMER_ROWS, SLAB_ROW_BYTES, WARPGROUP_THREADS};
+use flash_attn_abi::hopper::{HopperParams, CONSUMER_ROWS, WARPGROUP_THREADS};
 
 use super::epilogue;
 use super::scheduler::{self, HopperTile, TileOrder};
@@ -396,13 +396,11 @@ impl<const D: usize> QOperand<D> {
         let mut fragments = [[0u32; 4]; 16];
         if q_in_registers(D) {
             let row = CONSUMER_ROWS * group + 16 * warp + lane % 8 + 8 * (lane / 8 % 2);
+            let tile = smem.q(q_buffer, 0);
             for step in 0..(D / 16) as u32 {
-                // A 16-byte chunk's place in its 128-byte row, XORed with
-                // the row's place in the swizzle's 8-row repeat, as TMA
-                // lays it out.
-                let chunk = 2 * (step % 4) + lane / 16;
-                let addr = smem.q(q_buffer, step / 4) + row * SLAB_ROW_BYTES + 16 * (chunk ^ (row % 8));
-                fragments[step as usize] = arch::ldmatrix_x4(addr);
+                let column = 16 * step + 8 * (lane / 16);
+                let tile_offset = Smem::<BM, D, DT, BN, STAGES>::Q_TILE.offset(row, column);
+                fragments[step as usize] = arch::ldmatrix_x4(tile + tile_offset);
             }
         }
         QOperand { fragments, buffer: q_buffer, group }

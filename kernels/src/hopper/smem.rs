@@ -52,6 +52,10 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
     const LAYOUT: HopperSmem = HopperSmem::of(BM as u32, DT as u32, D as u32, BN as u32, STAGES as u32);
     /// Q buffers: the block's tiles take them in turn.
     pub const Q_BUFFERS: u32 = Self::LAYOUT.q_buffers;
+    /// A Q buffer: the tile's rows in 64-column slabs, as TMA lands it
+    /// (where [`super::consumer::q_in_registers`], the consumers read
+    /// their fragments of it by `ldmatrix`).
+    pub const Q_TILE: SwizzledTile = SwizzledTile { rows: BM as u32, columns: DT as u32, slab_columns: SLAB_COLUMNS };
     /// A consumer's staged O: its 64 rows of the layout's `o_columns`
     /// columns (the head dim's, or a part at a time), in V's slabs.
     pub const O_TILE: SwizzledTile =
