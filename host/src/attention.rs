@@ -7,13 +7,13 @@
 
 use flash_attn_abi::kernels::AttentionKernel;
 
-use crate::call::{Call, Problem};
+use crate::call::{BackwardCall, Call, Problem};
 use crate::error::Result;
 use crate::kvcache::KvCache;
 use crate::launch::{launch, launch_backward};
 use crate::memory::{DeviceView, DeviceViewMut};
 use crate::module::{KernelModule, KernelResources};
-use crate::plan::{plan_backward_for, plan_for, KernelFamily, OutputAddrs, Plan};
+use crate::plan::{plan_backward_for, plan_for, BackwardPlan, KernelFamily, OutputAddrs, Plan};
 use crate::stream::{LaunchStream, StreamOrder};
 use crate::tensor::{Element, Gradients, Tensor, TensorMut};
 use crate::validate::{
@@ -57,8 +57,8 @@ const _: () = {
     shared_across_threads::<FlashAttention>();
     shared_across_threads::<Workspace>();
     shared_across_threads::<SeqOffsets>();
-    shared_across_threads::<crate::CacheSeqlens>();
-    shared_across_threads::<crate::BlockTable>();
+    shared_across_threads::<crate::kvcache::CacheSeqlens>();
+    shared_across_threads::<crate::kvcache::BlockTable>();
 };
 
 impl FlashAttention {
@@ -341,21 +341,8 @@ impl FlashAttention {
         workspace: &mut Workspace,
         on: crate::stream::sealed::LaunchOn<'_>,
     ) -> Result<Problem> {
+        let call = backward_call(forward, &args, &lse, params)?;
         let BackwardArgs { q, k, v, o, d_o, gradients: Gradients { mut d_q, mut d_k, mut d_v } } = args;
-        let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
-        let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
-        let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
-        let tensors = BackwardTensors {
-            o: &o_at,
-            lse_addr: lse.addr,
-            lse_len: lse.len,
-            d_o: &d_o_at,
-            d_q: &d_q_at,
-            d_k: &d_k_at,
-            d_v: &d_v_at,
-        };
-        let forward = forward(&q_at, &k_at, &v_at, tensors.forward_outputs())?;
-        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)?;
         let mut order = StreamOrder::new(on);
         order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         order.read("o", &o.memory)?;
@@ -368,16 +355,36 @@ impl FlashAttention {
         let context = self.module.context();
         context.with_current(|| {
             context.check_stream(stream)?;
-            let family = if self.module.has_sm90a() {
-                KernelFamily::Sm90a { sm_count: self.module.sm_count() }
-            } else {
-                KernelFamily::Sm80
+            let plan = self.plan_backward(&call)?;
+            let sm80_main = match &plan {
+                BackwardPlan::Sm80(plan) => Some(plan.kernel),
+                BackwardPlan::Sm90(_) => None,
             };
-            let plan = plan_backward_for(&call, self.module.sm_count(), family)?;
-            self.module.load_backward(plan.kernel)?;
+            self.module.load_backward(sm80_main)?;
             launch_backward(&self.module, &plan, &mut Scratch::Workspace(workspace), stream)?;
             Ok(call.forward.problem)
         })
+    }
+
+    /// The kernel families this GPU runs: the sm_90a kernels beside the
+    /// sm_80 ones where they are loaded.
+    fn family(&self) -> KernelFamily {
+        if self.module.has_sm90a() {
+            KernelFamily::Sm90a { sm_count: self.module.sm_count() }
+        } else {
+            KernelFamily::Sm80
+        }
+    }
+
+    /// The plan of `call` on this GPU. The split heuristic's wave is the
+    /// CTAs of a kernel that the GPU's SMs run at once.
+    fn plan(&self, call: &Call) -> Result<Plan> {
+        plan_for(call, |kernel: &AttentionKernel| self.module.wave(kernel), self.family())
+    }
+
+    /// The plan of the backward `call` on this GPU.
+    fn plan_backward(&self, call: &BackwardCall) -> Result<BackwardPlan> {
+        plan_backward_for(call, self.module.sm_count(), self.family())
     }
 
     /// Plans `call` for this GPU, binds its outputs (`outputs` may allocate
@@ -394,14 +401,7 @@ impl FlashAttention {
         let context = self.module.context();
         context.with_current(|| {
             context.check_stream(stream)?;
-            // The split heuristic's wave is the CTAs of a kernel that the
-            // GPU's SMs run at once.
-            let family = if self.module.has_sm90a() {
-                KernelFamily::Sm90a { sm_count: self.module.sm_count() }
-            } else {
-                KernelFamily::Sm80
-            };
-            let plan = plan_for(call, |kernel: &AttentionKernel| self.module.wave(kernel), family)?;
+            let plan = self.plan(call)?;
             let (addrs, result) = outputs(&plan)?;
             let mut scratch = match workspace {
                 Some(workspace) => Scratch::Workspace(workspace),
@@ -417,4 +417,29 @@ impl FlashAttention {
     pub(crate) fn context(&self) -> &crate::context::ContextRef {
         self.module.context()
     }
+}
+
+/// Validates a backward call: the forward's checks (`forward`, with the
+/// forward's outputs), then the backward's.
+fn backward_call<T: Element>(
+    forward: impl FnOnce(&Placed, &Placed, &Placed, OutputBuffers) -> Result<Call>,
+    args: &BackwardArgs<'_, '_, T>,
+    lse: &DeviceView<'_, f32>,
+    params: &AttentionParams,
+) -> Result<BackwardCall> {
+    let BackwardArgs { q, k, v, o, d_o, gradients: Gradients { d_q, d_k, d_v } } = args;
+    let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
+    let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
+    let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
+    let tensors = BackwardTensors {
+        o: &o_at,
+        lse_addr: lse.addr,
+        lse_len: lse.len,
+        d_o: &d_o_at,
+        d_q: &d_q_at,
+        d_k: &d_k_at,
+        d_v: &d_v_at,
+    };
+    let forward = forward(&q_at, &k_at, &v_at, tensors.forward_outputs())?;
+    validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)
 }

@@ -353,15 +353,15 @@ pub fn run_on(call: &Call, memory: &Memory, wave: usize, family: KernelFamily) -
         panic!("the emulator runs calls into given outputs (OutputBuffers::Given)")
     };
     let plan = plan_for(call, |_: &AttentionKernel| wave, family)?;
-    let mut scratch = Scratch::new(plan.scratch.bytes);
-    if !plan.upload.is_empty() {
-        scratch.write(plan.scratch.seqused_k, &plan.upload);
+    let mut scratch = Scratch::new(plan.scratch_bytes());
+    match &plan {
+        Plan::Sm80(plan) => scratch.write(plan.scratch.seqused_k, &plan.upload),
+        Plan::Sm90(plan) => {
+            let tensor_maps = plan.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
+            scratch.write(0, &[HopperScratch { tensor_maps, tile_counter: 0 }]);
+        }
     }
-    if let Some(hopper) = &plan.hopper {
-        let tensor_maps = hopper.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
-        scratch.write(plan.scratch.hopper, &[HopperScratch { tensor_maps, tile_counter: 0 }]);
-    }
-    let scratch_addr = if plan.scratch.bytes > 0 { scratch.addr() } else { 0 };
+    let scratch_addr = if plan.scratch_bytes() > 0 { scratch.addr() } else { 0 };
     for launch in plan.launches(OutputAddrs { o: o.addr, lse }, scratch_addr) {
         run_launch(&launch, memory, &scratch)?;
     }
@@ -381,9 +381,9 @@ pub fn run_backward_on(
     family: KernelFamily,
 ) -> Result<BackwardPlan, Failure> {
     let plan = plan_backward_for(call, sm_count, family)?;
-    let mut scratch = Scratch::new(plan.scratch_bytes);
-    if let Some(hopper) = &plan.hopper {
-        let tensor_maps = hopper.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
+    let mut scratch = Scratch::new(plan.scratch_bytes());
+    if let BackwardPlan::Sm90(plan) = &plan {
+        let tensor_maps = plan.maps.map(|m| m.encode().expect("the planner chooses valid tensor maps"));
         scratch.write(plan.tensor_maps, &[HopperBackwardScratch { tensor_maps }]);
     }
     for launch in plan.launches(scratch.addr()) {

@@ -302,10 +302,10 @@ fn check(case: &Case) -> Plan {
         .unwrap_or_else(|e| panic!("{case:?}: refused: {e}"));
         emulator::run_on(&call, &memory, case.wave, case.family).unwrap_or_else(|e| panic!("{case:?}\n{e}"))
     };
-    let chosen = plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name);
+    let chosen = plan.kernel().name();
     assert_eq!(chosen, case.kernel, "{case:?}: the plan chose {chosen}");
     if let Some(num_splits) = case.num_splits {
-        assert_eq!(plan.args.num_splits as usize, num_splits, "{case:?}: split");
+        assert_eq!(plan.args().num_splits as usize, num_splits, "{case:?}: split");
     }
     if let (Some((k_new, v_new)), Some((k_before, v_before))) = (&new, &before) {
         check_append(case, &key_rows, &cached, [&k, &v], [k_new, v_new], [k_before, v_before]);
@@ -726,7 +726,7 @@ fn kv_cache_lengths_paged_and_contiguous() {
         // One query row of 8 heads per KV head: the GQA decode layout, over pages.
         let decode = sibling(table_row(name), Variant::Decode);
         let plan = check(&Case { seqlens_q: vec![1; 3], kernel: decode, causal: true, ..case });
-        assert_eq!((plan.args.seqlen_q, plan.args.heads_q), (8, 1), "{name}: the GQA decode layout");
+        assert_eq!((plan.args().seqlen_q, plan.args().heads_q), (8, 1), "{name}: the GQA decode layout");
     }
 }
 
@@ -772,7 +772,7 @@ fn the_split_heuristic_splits_a_small_grid_over_many_keys() {
     let keys = Keys::Cache { page_size: None, slack: 0, append: 0 };
     let case = Case { wave: 8, ..Case::new("flash_fwd_d64_f16_decode", &[3, 3], &[2300, 700], keys) };
     let plan = check(&case);
-    assert!(plan.args.num_splits > 1, "the heuristic did not split: {}", plan.args.num_splits);
+    assert!(plan.args().num_splits > 1, "the heuristic did not split: {}", plan.args().num_splits);
 }
 
 #[test]

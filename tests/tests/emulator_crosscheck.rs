@@ -315,7 +315,7 @@ fn attention_kernels_match_the_gpu() {
             let strides = HostTensor::contiguous_strides(q_shape);
             let (emulated, plan) = emulator::forward(dtype, &q, &k, &v, strides, &params, 0)
                 .unwrap_or_else(|e| panic!("{name}: emulator: {e}"));
-            assert_eq!(plan.kernel.name, name, "the emulator's plan");
+            assert_eq!(plan.kernel().name(), name, "the emulator's plan");
             let (gpu_o, gpu_lse) = match dtype {
                 Dtype::F16 => gpu_forward(&attention, f16::from_bits, |x: f16| x.to_bits(), &q, &k, &v, &params),
                 Dtype::Bf16 => gpu_forward(&attention, bf16::from_bits, |x: bf16| x.to_bits(), &q, &k, &v, &params),

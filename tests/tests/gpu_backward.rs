@@ -15,7 +15,9 @@
 
 use flash_attn::cust::memory::DeviceBuffer;
 use flash_attn::cust::stream::{Stream, StreamFlags};
-use flash_attn::pipeline::{plan_backward_for, validate, validate_backward, BackwardTensors, KernelFamily};
+use flash_attn::pipeline::{
+    plan_backward_for, validate, validate_backward, BackwardPlan, BackwardTensors, KernelFamily,
+};
 use flash_attn::reference::{attention_backward, relative_l2_error, ReferenceProblem};
 use flash_attn::{
     AttentionParams, Element, FlashAttention, Gradients, SeqOffsets, Tensor, TensorMut, Workspace, BACKWARD_KERNELS,
@@ -285,7 +287,7 @@ fn planned_sm90a<T: TestElement>(case: &Case) -> Option<&'static str> {
         .and_then(|forward| validate_backward(forward, &q, &k, &v, &tensors, &params))
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let plan = plan_backward_for(&call, 132, KernelFamily::Sm90a { sm_count: 132 }).expect("a plan");
-    plan.hopper.map(|h| h.kernel.name)
+    matches!(plan, BackwardPlan::Sm90(_)).then(|| plan.kernel().name())
 }
 
 /// The sm_90a main kernels (on compute capability 9.0; skipped, saying

@@ -349,7 +349,7 @@ fn planned_varlen_kernel<T: TestElement>(
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let family = if sm90a { KernelFamily::Sm90a { sm_count: 132 } } else { KernelFamily::Sm80 };
     let plan = plan_for(&call, |_: &AttentionKernel| 1, family).expect("a plan");
-    plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name)
+    plan.kernel().name()
 }
 
 /// Runs a variable-length case (through `forward_varlen` when `allocate`)

@@ -10,9 +10,8 @@
 
 use flash_attn::cust::context::CurrentContext;
 use flash_attn::cust::device::DeviceAttribute;
-use flash_attn::pipeline::{plan_for, validate, KernelFamily, OutputBuffers};
+use flash_attn::pipeline::{plan_for, sm90_block_m, validate, KernelFamily, OutputBuffers, Plan};
 use flash_attn::{AttentionKernel, Element, FlashAttention, HOPPER_KERNELS};
-use flash_attn_abi::hopper::hopper_block_m;
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::{
@@ -39,7 +38,10 @@ fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> (String,
     let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &case.params(modifiers))
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let plan = plan_for(&call, |_: &AttentionKernel| 1, KernelFamily::Sm90a { sm_count: 132 }).expect("a plan");
-    plan.hopper.map_or((plan.kernel.name.to_string(), 1), |h| (h.kernel.name.to_string(), h.section_heads))
+    match plan {
+        Plan::Sm90(plan) => (plan.kernel.name.to_string(), plan.section_heads),
+        Plan::Sm80(plan) => (plan.kernel.name.to_string(), 1),
+    }
 }
 
 /// A causal case whose 16 heads (of both batches) take two sections of 8
@@ -117,7 +119,7 @@ fn run<T: TestElement>(test: &str) {
         let general = kernel.variant == Variant::General;
         // d = 64's causal and general kernels come with two tile heights:
         // 128 rows for causal calls over at most 1024 keys, else 192.
-        let short_causal = rows != hopper_block_m(d, false, usize::MAX);
+        let short_causal = rows != sm90_block_m(d, false, usize::MAX);
         let cases: Vec<_> = cases(d as usize, kernel.variant == Variant::Causal)
             .into_iter()
             .enumerate()
@@ -135,7 +137,7 @@ fn run<T: TestElement>(test: &str) {
             })
             .filter(|(case, modifiers)| {
                 let causal_mask = case.causal && modifiers.window == (None, None);
-                hopper_block_m(d, causal_mask, case.seqlen_k) == rows
+                sm90_block_m(d, causal_mask, case.seqlen_k) == rows
             })
             .collect();
         assert!(cases.len() >= 2, "{}: {} cases", kernel.name, cases.len());

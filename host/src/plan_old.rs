@@ -1,3 +1,8 @@
+//! The plan before host/src/plan/ (one struct, the sm_90a kernel an
+//! override of the sm_80 plan), kept only to compare the two over the
+//! bounds test's random calls (`bounds_tests.rs`).
+#![allow(dead_code)]
+
 //! What runs for a validated [`Call`], as a pure function of it: the
 //! kernel (dense, general or decode), the split-KV factor, the GQA decode
 //! layout, the grid, the scratch memory, and the kernels' argument blocks.
@@ -22,12 +27,13 @@ use flash_attn_abi::hopper_backward::{
 use flash_attn_abi::kernels::{
     attention_kernel, combine_grid, AttentionKernel, Dtype, Variant, APPEND_THREADS, COMBINE_THREADS,
 };
-use flash_attn_abi::params::{AppendParams, CombineParams, ForwardParams, COMBINE_WARPS};
+use flash_attn_abi::params::{CombineParams, ForwardParams, COMBINE_WARPS};
 use flash_attn_abi::sm90::{L2Promotion, OobFill, TensorDataType, TensorMap, TensorMapParams, TmaSwizzle};
 
-use crate::call::{Append, BackwardCall, CacheLengths, Call, Mask, Outputs, Sequences, TensorAt, MAX_SPLITS};
+use crate::call::{Append, BackwardCall, CacheLengths, Call, Mask, Outputs, Sequences, TensorAt};
 use crate::error::{Error, Result};
-use crate::module::Kernel;
+use crate::limits::MAX_SPLITS;
+use crate::plan::{Kernel, KernelArgs, Launch, OutputAddrs};
 
 /// The fewest key blocks the heuristic leaves to each split, so that the
 /// merge and the per-split prologue stay small beside the work.
@@ -291,34 +297,6 @@ pub struct HopperLaunch {
     /// tile counter ([`HopperParams::tile_counter`]) rather than every
     /// grid-th.
     pub tile_counter: bool,
-}
-
-/// The addresses of a call's outputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OutputAddrs {
-    pub o: u64,
-    pub lse: u64,
-}
-
-/// A kernel's argument block.
-#[derive(Clone, Copy, Debug)]
-pub enum KernelArgs {
-    Forward(ForwardParams),
-    Backward(BackwardParams),
-    Hopper(HopperParams),
-    HopperBackward(HopperBackwardParams),
-    Combine(CombineParams),
-    Append(AppendParams),
-}
-
-/// One kernel launch of a bound plan.
-#[derive(Clone, Copy, Debug)]
-pub struct Launch {
-    pub kernel: Kernel,
-    pub grid: [u32; 3],
-    pub threads: u32,
-    pub smem_bytes: u32,
-    pub args: KernelArgs,
 }
 
 impl Plan {
@@ -767,7 +745,7 @@ pub fn plan_for(call: &Call, wave: impl Fn(&AttentionKernel) -> usize, family: K
     };
     args.num_splits = num_splits as u32;
     // The causal mask of a swapped call is void: the dense kernel without it.
-    let kernel = if call.needs_general() || num_splits > 1 {
+    let kernel = if crate::plan::needs_general(call) || num_splits > 1 {
         split_kernel
     } else if call.mask == Mask::Causal && !swapped {
         kernel_of(Variant::Causal)?
@@ -810,457 +788,63 @@ pub fn plan_for(call: &Call, wave: impl Fn(&AttentionKernel) -> usize, family: K
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::call::Problem;
-    use crate::call::{Alibi, LseLayout, TensorAt};
-    use flash_attn_abi::config;
-    use flash_attn_abi::kernels::Dtype;
-
-    /// H100: 132 SMs; say 6 decode CTAs or 2 prefill CTAs per SM.
-    fn h100(kernel: &AttentionKernel) -> usize {
-        match kernel.variant {
-            Variant::Decode => 132 * 6,
-            _ => 132 * 2,
-        }
-    }
-
-    /// Contiguous q/o `[batch, seqlen_q, heads_q, d]`, k/v `[batch, seqlen_k, heads_kv, d]`, f16.
-    fn call(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, d: usize) -> Call {
-        let at =
-            |addr: u64, s: usize, h: usize| TensorAt { addr, strides: [(s * h * d) as i64, (h * d) as i64, d as i64] };
-        Call {
-            dtype: Dtype::F16,
-            problem: Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim: d },
-            q: at(4096, seqlen_q, heads_q),
-            k: at(8192, seqlen_k, heads_kv),
-            v: at(8192, seqlen_k, heads_kv),
-            o_strides: at(0, seqlen_q, heads_q).strides,
-            lse: LseLayout { batch_stride: (heads_q * seqlen_q) as i64, head_stride: seqlen_q as i64 },
-            outputs: Outputs::Fresh,
-            scale: 0.1,
-            mask: Mask::None,
-            softcap: None,
-            alibi: None,
-            sequences: Sequences::Dense,
-            num_splits: None,
-            append: None,
-        }
-    }
-
-    fn causal(c: Call) -> Call {
-        Call { mask: Mask::Causal, ..c }
-    }
-
-    fn splits(c: Call, n: usize) -> Call {
-        Call { num_splits: Some(n), ..c }
-    }
-
-    const NO_OUTPUTS: OutputAddrs = OutputAddrs { o: 0, lse: 0 };
-
-    fn forward_args(plan: &Plan) -> ForwardParams {
-        match plan.launches(NO_OUTPUTS, 0).iter().find_map(|l| match l.args {
-            KernelArgs::Forward(a) => Some(a),
-            _ => None,
-        }) {
-            Some(args) => args,
-            None => panic!("no attention launch"),
-        }
-    }
-
-    #[test]
-    fn heuristic_does_not_split_a_grid_that_fills_most_of_a_wave() {
-        assert_eq!(num_splits_heuristic(792, 4096, 792), 1);
-        assert_eq!(num_splits_heuristic(634, 4096, 792), 1); // 80%
-        assert_eq!(num_splits_heuristic(10_000, 4096, 792), 1);
-        // Between half a wave and 80%, two splits fill no more of their
-        // waves than one does.
-        assert_eq!(num_splits_heuristic(600, 4096, 792), 1);
-        assert_eq!(num_splits_heuristic(300, 4096, 792), 2);
-    }
-
-    #[test]
-    fn heuristic_fills_about_one_wave() {
-        // Decode, batch 64 of 4 KV heads (GQA layout): 256 CTAs, 792 slots.
-        // 3 splits fill 97% of one wave; 4 would start a second wave at 29%.
-        assert_eq!(num_splits_heuristic(256, 512, 792), 3);
-        // Batch 16: 64 CTAs, 12 splits fill 97%.
-        assert_eq!(num_splits_heuristic(64, 512, 792), 12);
-        // Batch 1: 4 CTAs would need 198 splits; capped at 128.
-        assert_eq!(num_splits_heuristic(4, 2048, 792), MAX_SPLITS);
-    }
-
-    #[test]
-    fn heuristic_keeps_enough_key_blocks_per_split() {
-        // 32 key blocks leave at most 8 splits of 4 blocks.
-        assert_eq!(num_splits_heuristic(4, 32, 792), 8);
-        // Fewer than 8 key blocks: no split.
-        assert_eq!(num_splits_heuristic(4, 7, 792), 1);
-        assert_eq!(num_splits_heuristic(4, 0, 792), 1);
-        for key_blocks in 0..600 {
-            for ctas in [1, 3, 17, 100, 400] {
-                let splits = num_splits_heuristic(ctas, key_blocks, 792);
-                assert!((1..=MAX_SPLITS).contains(&splits));
-                assert!(splits == 1 || key_blocks / splits >= MIN_KEY_BLOCKS_PER_SPLIT, "{ctas} {key_blocks}");
-                // No empty split: the last one gets at least one block.
-                assert!(key_blocks.div_ceil(key_blocks.div_ceil(splits).max(1)) >= splits.min(key_blocks));
+/// Panics unless the new planner (`crate::plan`) gives `call` what this
+/// one gives it, for both families: the same error, or the same launches
+/// (kernels, geometry and argument blocks, bound to the same outputs and
+/// scratch), scratch bytes, uploaded lengths and tensor maps.
+pub(crate) fn assert_same_plans(call: &Call, wave: usize) {
+    let outputs = OutputAddrs { o: 3 << 40, lse: 5 << 40 };
+    let scratch = 1 << 62;
+    let shown = |launches: Vec<Launch>| launches.iter().map(|l| format!("{l:?}")).collect::<Vec<_>>();
+    for family in [KernelFamily::Sm80, KernelFamily::Sm90a { sm_count: wave }] {
+        let new_family = match family {
+            KernelFamily::Sm80 => crate::plan::KernelFamily::Sm80,
+            KernelFamily::Sm90a { sm_count } => crate::plan::KernelFamily::Sm90a { sm_count },
+        };
+        let old = plan_for(call, |_| wave, family);
+        let new = crate::plan::plan_for(call, |_| wave, new_family);
+        match (old, new) {
+            (Err(old), Err(new)) => assert_eq!(old, new, "{call:?}"),
+            (Ok(old), Ok(new)) => {
+                assert_eq!(shown(old.launches(outputs, scratch)), shown(new.launches(outputs, scratch)), "{call:?}");
+                assert_eq!(old.scratch.bytes, new.scratch_bytes(), "{call:?}");
+                let (upload, maps) = match &new {
+                    crate::plan::Plan::Sm80(p) => (p.upload.clone(), None),
+                    crate::plan::Plan::Sm90(p) => (Vec::new(), Some(format!("{:?}", p.maps))),
+                };
+                assert_eq!(old.upload, upload, "{call:?}");
+                assert_eq!(old.hopper.map(|h| format!("{:?}", h.maps)), maps, "{call:?}");
+                if let crate::plan::Plan::Sm80(p) = &new {
+                    assert_eq!(old.scratch.seqused_k, p.scratch.seqused_k, "{call:?}");
+                }
             }
+            (old, new) => panic!("{call:?}: the old plan {old:?}, the new {new:?}"),
         }
     }
+}
 
-    #[test]
-    fn heuristic_leaves_no_split_empty() {
-        // 9 key blocks wanted in 2 splits -> 5 + 4; 41 blocks in 10 -> 5 each
-        // over 9 splits (ceil(41 / 10) = 5 blocks, 9 splits cover them).
-        assert_eq!(num_splits_heuristic(100, 9, 792), 2);
-        assert_eq!(num_splits_heuristic(79, 41, 792), 9);
-    }
-
-    #[test]
-    fn the_heuristic_takes_any_sizes() {
-        for (ctas, key_blocks, wave) in
-            [(1 << 61, 4096, usize::MAX), (usize::MAX, usize::MAX, usize::MAX), (1, usize::MAX, 2)]
-        {
-            assert!((1..=MAX_SPLITS).contains(&num_splits_heuristic(ctas, key_blocks, wave)));
-        }
-    }
-
-    #[test]
-    fn dense_calls_without_features_run_the_dense_kernels() {
-        // 4 query blocks * 8 heads * 16 batches = 512 CTAs: no split.
-        let plan = plan(&call(16, 1000, 1000, 8, 8, 128), h100).unwrap();
-        assert_eq!(plan.kernel.variant, Variant::Full);
-        assert_eq!(plan.grid, [4, 8, 16]); // ceil(1000 / 256) query blocks
-        assert_eq!(plan.args.num_splits, 1);
-        assert_eq!(plan.scratch.bytes, 0);
-        assert_eq!(plan.combine_blocks, 0);
-        assert_eq!(plan.kernel.config, config::tile_config(128).unwrap());
-        let causal_plan = super::plan(&causal(call(16, 1000, 1000, 8, 8, 128)), h100).unwrap();
-        assert_eq!(causal_plan.kernel.variant, Variant::Causal);
-        // The causal kernels' own shape: the launch's shared memory must be
-        // theirs (at d=64, one K/V stage against the dense kernels' two).
-        assert_eq!(causal_plan.kernel.config, config::causal_tile_config(128).unwrap());
-        assert_eq!(causal_plan.grid, [8, 8, 16]); // ceil(1000 / 128): 4 warps, not the dense 8
-        assert_eq!((causal_plan.args.window_left, causal_plan.args.window_right), (-1, 0));
-        let causal_64 = super::plan(&causal(call(16, 1000, 1000, 8, 8, 64)), h100).unwrap();
-        let dense_64 = super::plan(&call(16, 1000, 1000, 8, 8, 64), h100).unwrap();
-        assert_eq!(causal_64.kernel.variant, Variant::Causal);
-        assert!(causal_64.kernel.config.smem_bytes() < dense_64.kernel.config.smem_bytes());
-        // Forced not to split, a small grid stays dense too.
-        let small = splits(causal(call(1, 1000, 1000, 8, 8, 128)), 1);
-        assert_eq!(super::plan(&small, h100).unwrap().kernel.variant, Variant::Causal);
-    }
-
-    #[test]
-    fn sm90a_plans_take_dense_calls_and_leave_the_rest_to_sm80() {
-        let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
-        let hopper = |c: &Call| sm90a(c).hopper.map(|h| (h.kernel.name, h.grid));
-        let counted = |c: &Call| sm90a(c).hopper.map(|h| h.tile_counter);
-        let dense = call(2, 1000, 1000, 8, 2, 128);
-        // 128 tiles (8 query blocks, 8 heads, 2 batches): one persistent block each.
-        assert_eq!(hopper(&dense), Some(("flash_fwd_sm90_d128_f16_full", [128, 1, 1])));
-        assert_eq!(counted(&causal(dense.clone())), Some(false));
-        // More tiles than SMs, unmasked or causal, over any keys: one block
-        // per SM; causal ones count their tiles.
-        for c in [call(4, 1000, 1000, 8, 2, 128), call(4, 1000, 30000, 8, 2, 128)] {
-            assert_eq!((hopper(&c).map(|h| h.1), counted(&c)), (Some([132, 1, 1]), Some(false)));
-            let c = causal(c);
-            assert_eq!((hopper(&c).map(|h| h.1), counted(&c)), (Some([132, 1, 1]), Some(true)));
-        }
-        // Windowed tiles: persistent blocks on the counter too.
-        let windowed_long =
-            Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..call(4, 1000, 1000, 8, 2, 128) };
-        assert_eq!((hopper(&windowed_long).map(|h| h.1), counted(&windowed_long)), (Some([132, 1, 1]), Some(true)));
-        assert_eq!(hopper(&causal(dense.clone())).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_causal"));
-        let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..dense.clone() };
-        assert_eq!(hopper(&windowed).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
-        let softcap = Call { softcap: Some(30.0), ..causal(dense.clone()) };
-        assert_eq!(hopper(&softcap).map(|h| h.0), Some("flash_fwd_sm90_d128_f16_general"));
-        // d = 64: 192-row tiles, but 128 rows for causal calls over at most
-        // 1024 keys, whose Q boxes follow (4 batches of 1000 rows, 8 heads).
-        let d64 = call(4, 1000, 1000, 8, 2, 64);
-        let planned = |c: &Call| sm90a(c).hopper.map(|h| (h.kernel.name, h.query_blocks, h.maps[0].box_dims[1]));
-        assert_eq!(planned(&d64), Some(("flash_fwd_sm90_d64_f16_full", 6, 192)));
-        assert_eq!(planned(&causal(d64.clone())), Some(("flash_fwd_sm90_d64_f16_causal_m128", 8, 128)));
-        let softcap_64 = Call { softcap: Some(30.0), ..causal(d64.clone()) };
-        assert_eq!(planned(&softcap_64), Some(("flash_fwd_sm90_d64_f16_general_m128", 8, 128)));
-        let long_64 = causal(call(4, 1000, 1025, 8, 2, 64));
-        assert_eq!(planned(&long_64), Some(("flash_fwd_sm90_d64_f16_causal", 6, 192)));
-        // The maps: (head_dim, seqlen, heads, batch), byte strides, boxes of
-        // 64 columns and the kernel's rows; k and v share their head.
-        let launch = sm90a(&dense).hopper.unwrap();
-        assert_eq!(launch.maps[0].global_dims[..4], [128, 1000, 8, 2]);
-        assert_eq!(launch.maps[0].global_strides[..3], [2 * 8 * 128, 2 * 128, 2 * 1000 * 8 * 128]);
-        assert_eq!((launch.maps[0].box_dims[1], launch.maps[1].box_dims[1]), (128, 128));
-        assert_eq!(launch.maps[1].global_dims[..4], [128, 1000, 2, 2]);
-        // Its scratch holds the three maps and nothing else: it runs unsplit.
-        let plan = sm90a(&dense);
-        assert_eq!(plan.scratch.bytes, size_of::<HopperScratch>().next_multiple_of(SCRATCH_ALIGN));
-        assert_eq!((plan.args.num_splits, plan.combine_blocks), (1, 0));
-        // The split heuristic would split this small grid on sm_80.
-        assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().args.num_splits > 1);
-        // Not taken: the sm_80 family, other head dims, a forced split,
-        // decode rows, and strides TMA cannot express.
-        assert!(plan_for(&dense, h100, KernelFamily::Sm80).unwrap().hopper.is_none());
-        assert!(hopper(&call(2, 1000, 1000, 8, 2, 32)).is_none());
-        // Head dims between whole slabs take the next slab's tiles.
-        assert_eq!(hopper(&call(2, 1000, 1000, 8, 2, 96)).map(|h| h.0), Some("flash_fwd_sm90_d96_f16_full"));
-        assert_eq!(hopper(&call(2, 1000, 1000, 8, 2, 160)).map(|h| h.0), Some("flash_fwd_sm90_d160_f16_full"));
-        assert!(hopper(&splits(dense.clone(), 2)).is_none());
-        assert!(hopper(&call(2, 16, 1000, 8, 2, 128)).is_none());
-        assert!(hopper(&call(2, 17, 1000, 8, 2, 128)).is_some());
-        let mut odd_stride = dense.clone();
-        odd_stride.k.strides[1] += 4; // 8 bytes more per row: not a multiple of 16
-        assert!(hopper(&odd_stride).is_none());
-        let mut unaligned = dense;
-        unaligned.v.addr += 8;
-        assert!(hopper(&unaligned).is_none());
-    }
-
-    #[test]
-    fn sm90a_causal_plans_interleave_heads_in_sections() {
-        let sections = |c: &Call| {
-            let plan = plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
-            let launch = plan.hopper.unwrap();
-            let launches = plan.launches(OutputAddrs { o: 1 << 20, lse: 2 << 20 }, 3 << 20);
-            let [Launch { args: KernelArgs::Hopper(params), .. }] = launches.as_slice() else {
-                panic!("one sm_90a launch")
-            };
-            assert_eq!(params.section_heads, launch.section_heads);
-            launch.section_heads
+/// As [`assert_same_plans`], for a backward call.
+pub(crate) fn assert_same_backward_plans(call: &BackwardCall, sm_count: usize) {
+    let shown = |launches: Vec<Launch>| launches.iter().map(|l| format!("{l:?}")).collect::<Vec<_>>();
+    for family in [KernelFamily::Sm80, KernelFamily::Sm90a { sm_count }] {
+        let new_family = match family {
+            KernelFamily::Sm80 => crate::plan::KernelFamily::Sm80,
+            KernelFamily::Sm90a { sm_count } => crate::plan::KernelFamily::Sm90a { sm_count },
         };
-        // 64 heads of 2 MiB of K and V (d = 128, 4096 keys): 12 fit 25 MB, 8 divide 64.
-        let d128 = call(4, 4096, 4096, 16, 16, 128);
-        assert_eq!(sections(&causal(d128.clone())), 8);
-        // Unmasked and windowed calls keep their order.
-        assert_eq!(sections(&d128), 1);
-        let windowed = Call { mask: Mask::Window { left: Some(100), right: Some(0) }, ..d128 };
-        assert_eq!(sections(&windowed), 1);
-        // 32 heads of 4 MiB (d = 256): 6 fit, 4 divide; short heads all fit.
-        assert_eq!(sections(&causal(call(4, 4096, 4096, 8, 8, 256))), 4);
-        assert_eq!(sections(&causal(call(2, 1000, 1000, 8, 2, 128))), 16);
-        // Packed sequences take the general kernel, in their order.
-        let mut packed = causal(call(3, 1000, 700, 8, 2, 128));
-        packed.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512, total_q: 2500, total_k: 1800 };
-        assert_eq!(sections(&packed), 1);
-    }
-
-    #[test]
-    fn sm90a_plans_take_packed_sequences_on_the_general_kernel() {
-        let sm90a = |c: &Call| plan_for(c, h100, KernelFamily::Sm90a { sm_count: 132 }).unwrap();
-        // Three sequences of at most 1000 queries and 700 keys, 2500 and 1800 tokens in all.
-        let mut packed = call(3, 1000, 700, 8, 2, 128);
-        packed.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512, total_q: 2500, total_k: 1800 };
-        for c in [packed.clone(), causal(packed.clone())] {
-            let launch = sm90a(&c).hopper.expect("an sm_90a plan");
-            assert_eq!(launch.kernel.name, "flash_fwd_sm90_d128_f16_general");
-            // Persistent blocks, one per SM, over 192 tiles (8 query blocks
-            // of the longest sequence, 8 heads, 3 sequences), taken off the
-            // tile counter: a packed sequence's tiles differ in cost.
-            assert_eq!((launch.grid, launch.tiles, launch.tile_counter), ([132, 1, 1], 192, true));
-            // The maps see one batch of every token.
-            assert_eq!(launch.maps[0].global_dims[..4], [128, 2500, 8, 1]);
-            assert_eq!(launch.maps[1].global_dims[..4], [128, 1800, 2, 1]);
-            assert_eq!(launch.maps[2].global_dims[..4], [128, 1800, 2, 1]);
-            let args = sm90a(&c).launches(OutputAddrs { o: 1 << 20, lse: 2 << 20 }, 3 << 20);
-            let [Launch { args: KernelArgs::Hopper(params), .. }] = args.as_slice() else {
-                panic!("one sm_90a launch")
-            };
-            assert_eq!((params.forward.cu_seqlens_q as u64, params.forward.cu_seqlens_k as u64), (256, 512));
-        }
-        // A KV cache and a split stay on the sm_80 kernels.
-        let mut cache = call(3, 1000, 700, 8, 2, 128);
-        cache.sequences = Sequences::Cache { lengths: CacheLengths::Device(256), pages: None };
-        assert!(sm90a(&cache).hopper.is_none());
-        assert!(sm90a(&splits(packed, 2)).hopper.is_none());
-    }
-
-    #[test]
-    fn a_small_dense_grid_over_many_keys_is_split_on_the_general_kernel() {
-        // 8 query blocks * 8 heads * 2 batches = 128 CTAs of 264 slots; 32
-        // key blocks allow 8 splits; 2 fill 97% of a wave.
-        let plan = plan(&call(2, 1000, 1000, 8, 8, 128), h100).unwrap();
-        assert_eq!(plan.kernel.variant, Variant::General);
-        assert_eq!(plan.args.num_splits, 2);
-        assert_eq!(plan.grid, [16, 8, 2]);
-        assert_eq!(plan.combine_blocks as usize, (2 * 8 * 1000 * 128 / 8usize).div_ceil(4));
-    }
-
-    #[test]
-    fn features_select_the_general_or_decode_kernel_by_rows() {
-        let windowed = Call { mask: Mask::Window { left: Some(256), right: None }, ..call(2, 1000, 1000, 8, 8, 64) };
-        let general = plan(&splits(windowed, 1), h100).unwrap();
-        assert_eq!(general.kernel.variant, Variant::General);
-        assert_eq!((general.args.window_left, general.args.window_right), (256, -1));
-        assert_eq!(general.kernel.config, config::general_tile_config(64).unwrap());
-        let short = Call { softcap: Some(10.0), ..call(2, 16, 1000, 8, 8, 64) };
-        let decode = plan(&splits(short.clone(), 1), h100).unwrap();
-        assert_eq!(decode.kernel.variant, Variant::Decode);
-        assert_eq!(decode.kernel.config, config::decode_tile_config(64).unwrap());
-        assert_eq!(decode.grid, [1, 8, 2]);
-        assert!(decode.args.softcap_scale > 0.0);
-        let seventeen = Call { problem: Problem { seqlen_q: 17, ..short.problem }, ..short };
-        assert_eq!(plan(&splits(seventeen, 1), h100).unwrap().kernel.variant, Variant::General);
-    }
-
-    #[test]
-    fn splits_multiply_grid_x_and_lay_out_the_partials() {
-        let plan = plan(&splits(call(3, 200, 5000, 4, 4, 128), 3), h100).unwrap();
-        assert_eq!(plan.kernel.variant, Variant::General);
-        assert_eq!(plan.args.num_splits, 3);
-        assert_eq!(plan.grid, [3 * 2, 4, 3]);
-        let rows = 3 * 3 * 4 * 200usize;
-        assert_eq!(plan.scratch.lse_partial, 0);
-        assert_eq!(plan.scratch.o_partial, (rows * 4).next_multiple_of(256));
-        assert_eq!(plan.scratch.bytes, plan.scratch.o_partial + rows * 128 * 4);
-        assert_eq!(plan.combine_blocks as usize, (3 * 4 * 200 * 128 / 8usize).div_ceil(4));
-        // The launches: the attention into the partials, then the merge.
-        let launches = plan.launches(OutputAddrs { o: 1 << 20, lse: 1 << 21 }, 1 << 30);
-        assert_eq!(launches.len(), 2);
-        let KernelArgs::Forward(args) = launches[0].args else { panic!("attention first") };
-        assert_eq!(args.o_partial as u64, (1 << 30) + plan.scratch.o_partial as u64);
-        let KernelArgs::Combine(merge) = launches[1].args else { panic!("merge second") };
-        assert_eq!((merge.o as u64, merge.lse as u64, merge.num_splits), (1 << 20, 1 << 21, 3));
-        assert_eq!(launches[1].kernel, Kernel::Combine(Dtype::F16));
-    }
-
-    #[test]
-    fn the_heuristic_splits_a_small_grid_over_many_keys() {
-        // One query row, MHA (no GQA layout), 16k keys: 2 * 8 CTAs.
-        let plan = plan(&call(2, 1, 16384, 8, 8, 128), h100).unwrap();
-        assert_eq!(plan.kernel.variant, Variant::Decode);
-        let key_blocks = 16384 / config::decode_tile_config(128).unwrap().block_n as usize;
-        assert_eq!(plan.args.num_splits as usize, num_splits_heuristic(16, key_blocks, 132 * 6));
-        assert!(plan.args.num_splits > 1);
-    }
-
-    #[test]
-    fn gqa_decode_views_query_heads_as_rows_of_their_kv_head() {
-        // q [4, 1, 32, 128] over 4 KV heads: g = 8.
-        let plan = plan(&splits(causal(call(4, 1, 4096, 32, 4, 128)), 1), h100).unwrap();
-        let a = forward_args(&plan);
-        assert_eq!((a.seqlen_q, a.heads_q, a.heads_per_kv), (8, 4, 1));
-        assert_eq!((a.q_batch_stride, a.q_row_stride, a.q_head_stride), (32 * 128, 128, 8 * 128));
-        assert_eq!((a.o_batch_stride, a.o_row_stride, a.o_head_stride), (32 * 128, 128, 8 * 128));
-        // Key/value strides are untouched.
-        assert_eq!((a.k_batch_stride, a.k_row_stride, a.k_head_stride), (4096 * 4 * 128, 4 * 128, 128));
-        // LSE [4, 32, 1]: row r of KV head h is query head h * 8 + r.
-        assert_eq!((a.lse_batch_stride, a.lse_head_stride), (32, 8));
-        // The one row sees every key: the causal mask is dropped.
-        assert_eq!((a.window_left, a.window_right), (-1, -1));
-        // 8 rows fit the decode kernel's 16; no feature, no split: dense.
-        assert_eq!(plan.kernel.variant, Variant::Full);
-        assert_eq!(plan.grid, [1, 4, 4]);
-    }
-
-    #[test]
-    fn gqa_decode_layout_maps_every_query_head_to_its_own_slot() {
-        let (heads_q, heads_kv, d) = (12usize, 3usize, 64usize);
-        let c = call(1, 1, 100, heads_q, heads_kv, d);
-        assert!(gqa_decode_applies(&c));
-        let mut a = forward_params(&c);
-        swap_gqa_decode(&mut a);
-        let g = heads_q / heads_kv;
-        let mut q_seen = vec![false; heads_q];
-        let mut lse_seen = vec![false; heads_q];
-        for h in 0..a.heads_q as i64 {
-            for r in 0..a.seqlen_q as i64 {
-                let q = (r * a.q_row_stride + h * a.q_head_stride) as usize / d;
-                let lse = (h * a.lse_head_stride + r) as usize;
-                // The KV head of the new head h must be the original head's.
-                assert_eq!(q / g, h as usize);
-                assert_eq!(q, lse);
-                q_seen[q] = true;
-                lse_seen[lse] = true;
+        let old = plan_backward_for(call, sm_count, family);
+        let new = crate::plan::plan_backward_for(call, sm_count, new_family);
+        match (old, new) {
+            (Err(old), Err(new)) => assert_eq!(old, new, "{call:?}"),
+            (Ok(old), Ok(new)) => {
+                assert_eq!(shown(old.launches(1 << 62)), shown(new.launches(1 << 62)), "{call:?}");
+                assert_eq!(old.scratch_bytes, new.scratch_bytes(), "{call:?}");
+                let maps = match &new {
+                    crate::plan::BackwardPlan::Sm80(_) => None,
+                    crate::plan::BackwardPlan::Sm90(p) => Some((format!("{:?}", p.maps), p.tensor_maps)),
+                };
+                assert_eq!(old.hopper.map(|h| (format!("{:?}", h.maps), old.tensor_maps)), maps, "{call:?}");
             }
+            (old, new) => panic!("{call:?}: the old plan {old:?}, the new {new:?}"),
         }
-        assert!(q_seen.iter().all(|&s| s) && lse_seen.iter().all(|&s| s));
-    }
-
-    #[test]
-    fn gqa_decode_layout_only_where_it_is_exact() {
-        let applies = |f: &dyn Fn(&mut Call)| {
-            let mut c = call(1, 1, 100, 8, 2, 64);
-            f(&mut c);
-            gqa_decode_applies(&c)
-        };
-        assert!(applies(&|_| {}));
-        assert!(applies(&|c| c.softcap = Some(2.0)));
-        assert!(applies(&|c| c.mask = Mask::Causal));
-        assert!(!applies(&|c| c.mask = Mask::Window { left: Some(10), right: None }));
-        assert!(!applies(&|c| c.mask = Mask::Window { left: None, right: Some(3) }));
-        assert!(!applies(&|c| c.alibi = Some(Alibi { addr: 256, batch_stride: 0 })));
-        assert!(!applies(&|c| {
-            c.sequences = Sequences::Packed { cu_seqlens_q: 256, cu_seqlens_k: 512, total_q: 2000, total_k: 2000 }
-        }));
-        // Heads too far apart to be the kernels' rows.
-        let past = MAX_ROW_STRIDE as i64 + 8;
-        assert!(applies(&|c| c.q.strides[2] = past - 8));
-        assert!(!applies(&|c| c.q.strides[2] = past));
-        assert!(!applies(&|c| c.o_strides[2] = past));
-        assert!(!gqa_decode_applies(&call(1, 2, 100, 8, 2, 64)));
-        assert!(!gqa_decode_applies(&call(1, 1, 100, 8, 8, 64)));
-    }
-
-    #[test]
-    fn uploaded_lengths_need_the_general_kernels_and_come_first_in_scratch() {
-        let cache = |c: Call| Call {
-            sequences: Sequences::Cache { lengths: CacheLengths::Upload(vec![1000; c.problem.batch]), pages: None },
-            ..c
-        };
-        let plan = plan(&splits(cache(call(3, 1, 1000, 8, 8, 64)), 1), h100).unwrap();
-        assert_eq!(plan.kernel.variant, Variant::Decode);
-        assert_eq!(
-            super::plan(&splits(cache(call(3, 40, 1000, 8, 8, 64)), 1), h100).unwrap().kernel.variant,
-            Variant::General
-        );
-        let split = super::plan(&splits(cache(call(5, 1, 3000, 8, 8, 64)), 2), h100).unwrap();
-        assert_eq!(split.scratch.seqused_k, 0);
-        assert_eq!(split.scratch.lse_partial, 256);
-        let rows = 2 * 5 * 8usize;
-        assert_eq!(split.scratch.o_partial, 256 + (rows * 4).next_multiple_of(256));
-        assert_eq!(split.scratch.bytes, split.scratch.o_partial + (rows * 64 * 4).next_multiple_of(256));
-        let launches = split.launches(NO_OUTPUTS, 1 << 30);
-        let KernelArgs::Forward(args) = launches[0].args else { panic!("attention first") };
-        assert_eq!(args.seqused_k as u64, 1 << 30);
-        let unsplit = super::plan(&splits(cache(call(5, 1, 3000, 8, 8, 64)), 1), h100).unwrap();
-        assert_eq!(unsplit.scratch.bytes, 256);
-    }
-
-    #[test]
-    fn partial_rows_past_32_bit_indices_are_refused() {
-        // 128 splits * 2^10 batches * 2^15 rows * 1 head = 2^32 rows.
-        let long = splits(call(1 << 10, 1 << 15, 1 << 20, 1, 1, 64), MAX_SPLITS);
-        let err = plan(&long, h100).unwrap_err();
-        assert!(matches!(err, Error::TooLarge { what: "split-KV partial rows", .. }), "{err}");
-        let shorter = Call { problem: Problem { batch: (1 << 10) - 1, ..long.problem }, ..long };
-        assert!(plan(&shorter, h100).is_ok());
-    }
-
-    #[test]
-    fn merge_warps_past_32_bit_indices_are_refused() {
-        // d = 256: 32 warps per merged row. 2^27 rows are 2^32 warps, the
-        // merge's u32 warp index's range; one row more is past it.
-        let rows = 1 << 27;
-        let plan_of = |rows| plan(&splits(call(1, rows, 64, 1, 1, 256), 2), h100);
-        assert_eq!(plan_of(rows).unwrap().combine_blocks, 1 << 30);
-        let err = plan_of(rows + 1).unwrap_err();
-        assert_eq!(err, Error::TooLarge { what: "split-KV merge blocks", value: (1 << 30) + 8, max: 1 << 30 });
-    }
-
-    #[test]
-    fn partial_rows_are_bounded_before_the_merge_counts_them() {
-        // 2^63 rows of 32 merge warps each would overflow the count.
-        let huge = splits(call(65_535, crate::MAX_SEQLEN, 64, 65_535, 65_535, 256), 2);
-        let err = plan(&huge, h100).unwrap_err();
-        assert!(matches!(err, Error::TooLarge { what: "split-KV partial rows", .. }), "{err}");
-    }
-
-    #[test]
-    fn grids_past_the_launch_limit_are_refused() {
-        let huge = splits(call(1, i32::MAX as usize, 64, 1, 1, 64), MAX_SPLITS);
-        let err = plan(&huge, h100).unwrap_err();
-        assert!(matches!(err, Error::TooLarge { what: "query blocks * num_splits", .. }), "{err}");
     }
 }
