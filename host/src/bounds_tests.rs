@@ -1190,7 +1190,6 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
         }
     };
     let call = validated?;
-    crate::plan_old::assert_same_plans(&call, f.wave);
     let plan = match plan(&call, |_| f.wave)? {
         Plan::Sm80(plan) => plan,
         Plan::Sm90(plan) => panic!("the sm_80 family planned {}", plan.kernel.name),
@@ -1270,10 +1269,8 @@ fn backward_call(
     } else {
         KernelFamily::Sm80
     };
-    let planned = validate_backward(forward, q, k, v, &tensors, &params).and_then(|call| {
-        crate::plan_old::assert_same_backward_plans(&call, sm_count);
-        plan_backward_for(&call, sm_count, family)
-    });
+    let planned = validate_backward(forward, q, k, v, &tensors, &params)
+        .and_then(|call| plan_backward_for(&call, sm_count, family));
     let plan = match planned {
         Ok(plan) => plan,
         Err(Error::TooLarge { what: "backward scratch bytes" | "deterministic backward launches", .. }) => {

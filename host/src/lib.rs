@@ -123,8 +123,6 @@ mod limits;
 mod memory;
 mod module;
 mod plan;
-#[cfg(test)]
-mod plan_old;
 pub mod reference;
 #[cfg(test)]
 mod reference_tests;

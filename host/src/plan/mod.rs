@@ -32,8 +32,6 @@ use crate::error::Result;
 pub use backward::{BackwardRows, Sm80Backward, Sm90Backward, MAX_DETERMINISTIC_LAUNCHES};
 pub use describe::{CallPlan, Family, PlannedLaunch};
 pub use kernels::{Kernel, KernelArgs, Launch, OutputAddrs};
-#[cfg(test)]
-pub(crate) use params::needs_general;
 pub use sm80::{num_splits_heuristic, ScratchLayout, Sm80Plan, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use sm90::{block_m as sm90_block_m, Sm90Plan};
 
