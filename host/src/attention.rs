@@ -13,7 +13,7 @@ use crate::kvcache::KvCache;
 use crate::launch::{launch, launch_backward};
 use crate::memory::{DeviceView, DeviceViewMut};
 use crate::module::{KernelModule, KernelResources};
-use crate::plan::{plan_backward_for, plan_for, BackwardPlan, KernelFamily, OutputAddrs, Plan};
+use crate::plan::{plan_backward_for, plan_for, BackwardPlan, CallPlan, KernelFamily, OutputAddrs, Plan};
 use crate::stream::{LaunchStream, StreamOrder};
 use crate::tensor::{Element, Gradients, Tensor, TensorMut};
 use crate::validate::{
@@ -113,6 +113,143 @@ impl FlashAttention {
     /// ```
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
         self.module.resources()
+    }
+
+    /// What [`forward_into`](Self::forward_into) runs for these arguments
+    /// on this GPU, decided as that call decides it, without launching
+    /// anything or touching the memory: the kernel family, the attention
+    /// kernel and its grid, and every launch in order. Arguments that call
+    /// refuses return its error.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "cudarc")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flash_attn::cudarc::driver::CudaContext;
+    /// use flash_attn::{f16, AttentionParams, Family, FlashAttention, Tensor, TensorMut};
+    ///
+    /// let context = CudaContext::new(0)?;
+    /// let stream = context.default_stream();
+    /// let attention = FlashAttention::new()?;
+    /// let shape = [1, 4096, 16, 128];
+    /// let n = shape.iter().product::<usize>();
+    /// let (q, mut o) = (stream.alloc_zeros::<f16>(n)?, stream.alloc_zeros::<f16>(n)?);
+    /// let mut lse = stream.alloc_zeros::<f32>(shape[0] * shape[2] * shape[1])?;
+    /// let params = AttentionParams { causal: true, ..Default::default() };
+    /// let plan = attention.explain_forward(
+    ///     Tensor::new(&q, shape),
+    ///     Tensor::new(&q, shape),
+    ///     Tensor::new(&q, shape),
+    ///     TensorMut::new(&mut o, shape),
+    ///     &mut lse,
+    ///     &params,
+    /// )?;
+    /// // On an H100: "sm_90a flash_fwd_sm90_d128_f16_causal, grid [132, 1, 1]".
+    /// println!("{plan}");
+    /// assert_eq!(plan.family == Family::Sm90a, attention.uses_sm90a());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "cudarc"))]
+    /// # fn main() {}
+    /// ```
+    pub fn explain_forward<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: impl Into<DeviceViewMut<'a, f32>>,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let lse = lse.into();
+        let o_at = o.placed("o");
+        let outputs = OutputBuffers::Given { o: &o_at, lse_addr: lse.addr, lse_len: lse.len };
+        let call = validate(T::DTYPE, &q.placed("q"), &k.placed("k"), &v.placed("v"), outputs, params)?;
+        Ok(self.plan(&call)?.describe())
+    }
+
+    /// What [`forward_varlen_into`](Self::forward_varlen_into) runs for
+    /// these arguments on this GPU, without launching it ([`Self::explain_forward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn explain_forward_varlen<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: impl Into<DeviceViewMut<'a, f32>>,
+        cu_seqlens_q: &SeqOffsets,
+        cu_seqlens_k: &SeqOffsets,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let lse = lse.into();
+        let (q_at, k_at, v_at, o_at) = (q.placed("q"), k.placed("k"), v.placed("v"), o.placed("o"));
+        let outputs = OutputBuffers::Given { o: &o_at, lse_addr: lse.addr, lse_len: lse.len };
+        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
+        let call = validate_varlen(T::DTYPE, &q_at, &k_at, &v_at, cu_q, cu_k, outputs, params)?;
+        Ok(self.plan(&call)?.describe())
+    }
+
+    /// What [`forward_kvcache_into`](Self::forward_kvcache_into) runs for
+    /// these arguments on this GPU (the append first, if the cache has new
+    /// keys), without launching it or appending ([`Self::explain_forward`]).
+    pub fn explain_forward_kvcache<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        cache: KvCache<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: impl Into<DeviceViewMut<'a, f32>>,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let lse = lse.into();
+        let o_at = o.placed("o");
+        let outputs = OutputBuffers::Given { o: &o_at, lse_addr: lse.addr, lse_len: lse.len };
+        let call = validate_kvcache(T::DTYPE, &q.placed("q"), &cache.args(), outputs, params)?;
+        Ok(self.plan(&call)?.describe())
+    }
+
+    /// What [`backward_into`](Self::backward_into) runs for these arguments
+    /// on this GPU, without launching it: the family and grid of the main
+    /// backward kernel, and every launch ([`Self::explain_forward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn explain_backward<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: Tensor<'_, T>,
+        lse: impl Into<DeviceView<'a, f32>>,
+        d_o: Tensor<'_, T>,
+        gradients: Gradients<'_, T>,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let args = BackwardArgs { q, k, v, o, d_o, gradients };
+        let forward = |q: &_, k: &_, v: &_, outputs: OutputBuffers| validate(T::DTYPE, q, k, v, outputs, params);
+        let call = backward_call(forward, &args, &lse.into(), params)?;
+        Ok(self.plan_backward(&call)?.describe())
+    }
+
+    /// What [`backward_varlen_into`](Self::backward_varlen_into) runs for
+    /// these arguments on this GPU, without launching it ([`Self::explain_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn explain_backward_varlen<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: Tensor<'_, T>,
+        lse: impl Into<DeviceView<'a, f32>>,
+        d_o: Tensor<'_, T>,
+        gradients: Gradients<'_, T>,
+        cu_seqlens_q: &SeqOffsets,
+        cu_seqlens_k: &SeqOffsets,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
+        let args = BackwardArgs { q, k, v, o, d_o, gradients };
+        let forward = |q: &_, k: &_, v: &_, outputs: OutputBuffers| {
+            validate_varlen(T::DTYPE, q, k, v, cu_q, cu_k, outputs, params)
+        };
+        let call = backward_call(forward, &args, &lse.into(), params)?;
+        Ok(self.plan_backward(&call)?.describe())
     }
 
     /// Attention into caller-provided outputs: `o` with `q`'s shape, and

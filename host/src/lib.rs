@@ -25,6 +25,12 @@
 //! and ALiBi ([`AttentionParams`]), and split-KV for few queries over many
 //! keys ([`num_splits_heuristic`], [`Workspace`]).
 //!
+//! Which kernels a call runs (the family, sm_80 or sm_90a, each kernel's
+//! entry point and grid) is decided on the host before anything launches:
+//! [`FlashAttention::explain_forward`] and its siblings
+//! (`explain_forward_varlen`, `explain_forward_kvcache`, `explain_backward`,
+//! `explain_backward_varlen`) return it as a [`CallPlan`] without launching.
+//!
 //! # Front doors
 //!
 //! One core (validation, planning, launch on device addresses and driver

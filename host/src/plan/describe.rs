@@ -1,6 +1,9 @@
 //! What a planned call will run, in a form for callers and logs: the
 //! kernel family, the main kernel's entry point and grid, and every launch
-//! in order ([`CallPlan`]).
+//! in order ([`CallPlan`], from [`FlashAttention::explain_forward`] and
+//! friends).
+//!
+//! [`FlashAttention::explain_forward`]: crate::FlashAttention::explain_forward
 
 use std::fmt;
 
