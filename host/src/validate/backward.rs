@@ -38,7 +38,8 @@ impl BackwardTensors<'_> {
 /// (whose `deterministic` the backward takes): a head dim
 /// with backward kernels, dO of q's shape, dQ of q's shape and dK, dV of
 /// k's shape with distinct elements, overlapping neither each other nor
-/// anything the call reads (q, k, v, o, lse, dO, the ALiBi slopes).
+/// anything the call reads (q, k, v, o, lse, dO, the ALiBi slopes, the
+/// sequence offsets).
 pub fn validate_backward(
     forward: Call,
     q: &Placed,
@@ -77,6 +78,10 @@ pub fn validate_backward(
         let slopes = if alibi.batch_stride == 0 { p.heads_q } else { p.batch * p.heads_q };
         read.push(bytes("alibi_slopes", alibi.addr, slopes, 4));
     }
+    if let Sequences::Packed { cu_seqlens_q, cu_seqlens_k, .. } = forward.sequences {
+        read.push(bytes("cu_seqlens_q", cu_seqlens_q, p.batch + 1, 4));
+        read.push(bytes("cu_seqlens_k", cu_seqlens_k, p.batch + 1, 4));
+    }
     check_aliasing(&[d_q, d_k, d_v].map(tensor_bytes), &read)?;
     // The lse values the kernels index: dense [batch, heads_q, seqlen_q],
     // packed [heads_q, total_q] (a batch stride of 0).
@@ -96,7 +101,7 @@ pub fn validate_backward(
 #[cfg(test)]
 mod tests {
     use super::super::tests_support::contiguous_tensor;
-    use super::super::validate;
+    use super::super::{validate, validate_varlen, OffsetsArg};
     use super::*;
     use crate::plan::{plan_backward, BackwardPlan, Kernel, KernelArgs, Sm80Backward};
     use flash_attn_abi::kernels::Dtype;
@@ -257,6 +262,30 @@ mod tests {
         let mut call = Backward::new(64);
         call.d_v.addr = call.d_k.addr;
         assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "d_k", other: "d_v" });
+    }
+
+    #[test]
+    fn gradients_over_the_sequence_offsets_are_refused() {
+        // Packed sequences of 60 and 40 queries over 20 and 17 keys.
+        let (q, kv) = ([1, 100, 8, 64], [1, 37, 2, 64]);
+        let t = |name, shape, mib| contiguous_tensor(name, shape, mib * MIB);
+        let (q_t, k_t, v_t, o_t, d_o) = (t("q", q, 0), t("k", kv, 16), t("v", kv, 32), t("o", q, 48), t("d_o", q, 80));
+        let (d_k, d_v) = (t("d_k", kv, 112), t("d_v", kv, 128));
+        let (cu_q, cu_k) = ([0, 60, 100], [0, 20, 37]);
+        let run = |d_q_addr| {
+            let d_q = contiguous_tensor("d_q", q, d_q_addr);
+            let tensors =
+                BackwardTensors { o: &o_t, lse_addr: LSE, lse_len: 800, d_o: &d_o, d_q: &d_q, d_k: &d_k, d_v: &d_v };
+            let params = AttentionParams::default();
+            let (cu_q, cu_k) =
+                (OffsetsArg { host: &cu_q, addr: 144 * MIB }, OffsetsArg { host: &cu_k, addr: 145 * MIB });
+            let forward =
+                validate_varlen(Dtype::F16, &q_t, &k_t, &v_t, cu_q, cu_k, tensors.forward_outputs(), &params)?;
+            validate_backward(forward, &q_t, &k_t, &v_t, &tensors, &params)
+        };
+        assert!(run(96 * MIB).is_ok());
+        assert_eq!(run(144 * MIB - 64).unwrap_err(), Error::Aliasing { output: "d_q", other: "cu_seqlens_q" });
+        assert_eq!(run(145 * MIB - 64).unwrap_err(), Error::Aliasing { output: "d_q", other: "cu_seqlens_k" });
     }
 
     #[test]
