@@ -47,6 +47,9 @@ pub enum KernelFamily {
 }
 
 /// A planned forward call: what runs, on one family.
+// One plan lives per call, on the stack, moved once: boxing the sm_90a
+// variant (its tensor maps) would add an allocation to every call.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Plan {
     /// The sm_80 kernels: a KV cache append, the attention kernel, a
@@ -127,6 +130,7 @@ impl Plan {
 
 /// A planned backward call: the row kernels and, between them, the main
 /// kernel of one family.
+#[allow(clippy::large_enum_variant)] // as for `Plan`
 #[derive(Clone, Copy, Debug)]
 pub enum BackwardPlan {
     Sm80(Sm80Backward),
