@@ -14,8 +14,8 @@ use flash_attn::reference::{self, ReferenceProblem};
 use flash_attn::{AttentionKernel, AttentionParams, ATTENTION_KERNELS, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
 use flash_attn_kernels::entry::KERNELS;
+use flash_attn_tests::check::{self, LSE_TOLERANCE};
 use flash_attn_tests::emulator::{self, Dtype, DtypeValues, Memory, Tensor, POISON};
-use flash_attn_tests::LSE_TOLERANCE;
 use proptest::prelude::*;
 
 /// Where a call's sequences come from, and so which validation it takes.
@@ -313,7 +313,7 @@ fn check(case: &Case) -> Plan {
 
     // Every sequence against its own reference.
     let scale = 1.0 / (d as f32).sqrt();
-    let (mut diff, mut norm, mut lse_error) = (0.0, 0.0, 0.0f64);
+    let (mut actual_o, mut expected_o, mut lse_error) = (Vec::new(), Vec::new(), 0.0f64);
     let mut written = vec![false; o.data().len()];
     for b in 0..batch {
         let (sq, sk) = (case.seqlens_q[b], case.seqlens_k[b]);
@@ -343,9 +343,8 @@ fn check(case: &Case) -> Plan {
                     written[at] = true;
                     let actual = dtype.to_f64(o.data()[at]);
                     assert!(!actual.is_nan(), "{}: O[{e}] is NaN (never written)", row());
-                    let wanted = expected.o[(i * heads_q + h) * d + e];
-                    diff += (actual - wanted).powi(2);
-                    norm += wanted * wanted;
+                    actual_o.push(actual);
+                    expected_o.push(expected.o[(i * heads_q + h) * d + e]);
                 }
                 let lse_at = if packed { h * total_q + cu_q[b] as usize + i } else { (b * heads_q + h) * max_q + i };
                 let (actual, wanted) = (lse[lse_at], expected.lse[h * sq + i]);
@@ -363,8 +362,7 @@ fn check(case: &Case) -> Plan {
     if let Some(i) = written.iter().zip(o.data()).position(|(&w, &x)| !w && x != POISON) {
         panic!("{case:?}: O element {i}, outside every sequence, was written");
     }
-    let relative = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
-    assert!(relative <= dtype.o_tolerance(), "{case:?}: O relative L2 error {relative:.2e}");
+    check::assert_close(&format!("{case:?}: O"), dtype, &actual_o, &expected_o, d);
     assert!(lse_error <= LSE_TOLERANCE, "{case:?}: LSE error {lse_error:.2e}");
     plan
 }

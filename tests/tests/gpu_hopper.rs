@@ -14,6 +14,7 @@ use flash_attn::pipeline::{plan_for, sm90_block_m, validate, KernelFamily, Outpu
 use flash_attn::{AttentionKernel, Element, FlashAttention, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Memory};
+use flash_attn_tests::seed::test_rng;
 use flash_attn_tests::{
     check_with, f16_and_bf16_tests, gpu, launch_with, left_out_of_this_run, random_inputs, skipped, Case, Modifiers,
     Placement, TestElement,
@@ -112,7 +113,7 @@ fn run<T: TestElement>(test: &str) {
     assert!(attention.uses_sm90a(), "compute capability 9.0, but the sm_90a kernels were not loaded");
     let portable = FlashAttention::portable().expect("the sm_80 kernels");
     assert!(!portable.uses_sm90a());
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng(test);
     let dtype = <T as Element>::DTYPE;
     for kernel in HOPPER_KERNELS.iter().filter(|k| k.dtype == dtype) {
         let (d, rows) = (kernel.head_dim, kernel.config.block_m());
