@@ -10,7 +10,7 @@ use flash_attn::cust::memory::{CopyDestination, DeviceBuffer};
 use flash_attn::cust::stream::{Stream, StreamFlags};
 use flash_attn::half1::{bf16, f16};
 use flash_attn::reference::{self, ReferenceOutput, ReferenceProblem};
-use flash_attn::{AttentionParams, Element, FlashAttention, Tensor, TensorMut};
+use flash_attn::{AttentionParams, CallPlan, Element, FlashAttention, Tensor, TensorMut};
 use rand::Rng;
 
 pub mod check;
@@ -279,6 +279,18 @@ pub fn launch_with<T: TestElement>(
     modifiers: Modifiers,
     inputs: &Inputs<T>,
 ) -> (Vec<f64>, Vec<f32>) {
+    let (_, o, lse) = launch_explained(attention, case, modifiers, inputs);
+    (o, lse)
+}
+
+/// As [`launch_with`], and what [`FlashAttention::explain_forward`] said
+/// the call would run, asked on the same buffers right before it.
+pub fn launch_explained<T: TestElement>(
+    attention: &FlashAttention,
+    case: &Case,
+    modifiers: Modifiers,
+    inputs: &Inputs<T>,
+) -> (CallPlan, Vec<f64>, Vec<f32>) {
     let Inputs { q, k, v } = inputs;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
     let upload = |t: &HostTensor<T>| DeviceBuffer::from_slice(&t.buffer).expect("upload");
@@ -289,6 +301,16 @@ pub fn launch_with<T: TestElement>(
     let mut lse_dev = DeviceBuffer::from_slice(&vec![f32::NAN; lse_len]).expect("lse");
 
     let params = case.params(modifiers);
+    let explained = attention
+        .explain_forward(
+            Tensor::strided(&q_dev, q.shape, q.strides),
+            Tensor::strided(&k_dev, k.shape, k.strides),
+            Tensor::strided(&v_dev, v.shape, v.strides),
+            TensorMut::strided(&mut o_dev, q.shape, o_strides),
+            &mut lse_dev,
+            &params,
+        )
+        .unwrap_or_else(|e| panic!("{case:?}: explain_forward refused: {e}"));
     attention
         .forward_into(
             Tensor::strided(&q_dev, q.shape, q.strides),
@@ -306,7 +328,7 @@ pub fn launch_with<T: TestElement>(
     o_dev.copy_to(&mut o_host[..]).expect("download o");
     let mut lse = vec![0f32; lse_len];
     lse_dev.copy_to(&mut lse[..]).expect("download lse");
-    (gather(&o_host, q.shape, o_strides), lse)
+    (explained, gather(&o_host, q.shape, o_strides), lse)
 }
 
 /// Checks a GPU result against the f64 reference; panics, naming the case,

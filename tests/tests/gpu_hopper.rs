@@ -11,13 +11,13 @@
 use flash_attn::cust::context::CurrentContext;
 use flash_attn::cust::device::DeviceAttribute;
 use flash_attn::pipeline::{plan_for, sm90_block_m, validate, KernelFamily, OutputBuffers, Plan};
-use flash_attn::{AttentionKernel, Element, FlashAttention, HOPPER_KERNELS};
+use flash_attn::{AttentionKernel, Element, Family, FlashAttention, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Memory};
 use flash_attn_tests::seed::test_rng;
 use flash_attn_tests::{
-    check_with, f16_and_bf16_tests, gpu, launch_with, left_out_of_this_run, random_inputs, skipped, Case, Modifiers,
-    Placement, TestElement,
+    check_with, f16_and_bf16_tests, gpu, launch_explained, left_out_of_this_run, random_inputs, skipped, Case,
+    Modifiers, Placement, TestElement,
 };
 
 /// The kernel the host plans for `case` on compute capability 9.0, and the
@@ -152,9 +152,16 @@ fn run<T: TestElement>(test: &str) {
                 continue;
             }
             let inputs = random_inputs::<T>(&case, &mut rng);
-            let (o, lse) = launch_with(&attention, &case, modifiers, &inputs);
+            // explain_forward, on the call's own buffers, names the kernel
+            // the planner chose: the sm_90a one, and an sm_80 one on the
+            // portable kernels.
+            let (explained, o, lse) = launch_explained(&attention, &case, modifiers, &inputs);
+            assert_eq!((explained.family, explained.kernel), (Family::Sm90a, kernel.name), "{case:?}: explained");
+            assert_eq!(explained.launches.len(), 1, "{case:?}: {explained}");
             let ours = check_with(&case, modifiers, &inputs, &o, &lse);
-            let (o80, lse80) = launch_with(&portable, &case, modifiers, &inputs);
+            let (explained80, o80, lse80) = launch_explained(&portable, &case, modifiers, &inputs);
+            assert_eq!(explained80.family, Family::Sm80, "{case:?}: {explained80}");
+            assert!(explained80.kernel.starts_with(&format!("flash_fwd_d{d}_")), "{case:?}: {explained80}");
             let theirs = check_with(&case, modifiers, &inputs, &o80, &lse80);
             println!(
                 "{test}: ok {} sq={} sk={} heads={}:{} {:?} {modifiers:?}: O rel err {:.2e} (sm_80 {:.2e}), LSE max err {:.2e} (sm_80 {:.2e})",
