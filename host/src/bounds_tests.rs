@@ -187,7 +187,7 @@ impl Model {
     }
 }
 
-/// One batch's sequences as a kernel sees them (`kernels/src/problem.rs`).
+/// One batch's sequences as a kernel sees them (`kernels/src/common/problem.rs`).
 struct Sequence {
     seqlen_q: i128,
     seqlen_k: i128,
@@ -214,7 +214,7 @@ fn round_up(n: i128, block: i128) -> i128 {
 
 /// The attention kernel of a plan, launched with the arguments `a` (its
 /// outputs and scratch bound), then the split-KV merge
-/// (`kernels/src/{forward,pipeline,epilogue,combine}.rs`).
+/// (`kernels/src/forward/sm80/`, `kernels/src/combine.rs`).
 fn attention(m: &mut Model, plan: &Sm80Plan, a: ForwardParams, names: Names, per_batch_data: bool) {
     let c = plan.kernel.config;
     let (block_m, block_n, d) = (c.block_m as i128, c.block_n as i128, plan.kernel.head_dim as i128);
@@ -1564,7 +1564,7 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
     }
 }
 
-/// The sm_90a main kernel of a backward plan (`kernels/src/hopper_backward`;
+/// The sm_90a main kernel of a backward plan (`kernels/src/backward/sm90`;
 /// [`backward`] checks the rows it reads and writes, as the sm_80 kernel's):
 /// a dense, non-deterministic call; its grid of 128-key blocks; the tensor
 /// maps it loads q, k, v and dO through (each within its tensor, as the
@@ -1607,7 +1607,7 @@ fn tensor_maps<const N: usize>(m: &mut Model, maps: &[TensorMapParams; N], names
     }
 }
 
-/// The sm_90a kernel of a plan (`kernels/src/hopper`), launched with its
+/// The sm_90a kernel of a plan (`kernels/src/forward/sm90`), launched with its
 /// outputs and scratch bound: the tensor maps it loads q, k and v through
 /// (each within its tensor, as the call's strides say; boxes past a
 /// tensor's end are zero-filled, reading nothing), the rows of o and the

@@ -3,8 +3,8 @@
 //! `cache_seqlens[b] + t`, through the block table when the cache is paged.
 
 use crate::arch;
+use crate::common::problem::page_slot;
 use crate::params::AppendParams;
-use crate::problem::page_slot;
 
 // Each thread of a block (one row of one head) copies 16-byte chunks of k and v.
 use flash_attn_abi::kernels::APPEND_THREADS;

@@ -9,9 +9,9 @@
 //! splits (decoding).
 
 use crate::arch;
-use crate::element::Element;
+use crate::common::element::Element;
+use crate::common::problem::packed_sequence;
 use crate::params::CombineParams;
-use crate::problem::packed_sequence;
 
 use crate::params::{COMBINE_COLUMNS, COMBINE_WARPS};
 /// Splits of one pass per lane: a pass covers the host's largest split count.

@@ -25,15 +25,15 @@ use flash_attn_abi::hopper_backward::{
 };
 use flash_attn_abi::kernels::{config_of, AttentionKernel, Dtype, Variant};
 
-use crate::backward::key_block::backward_key_block;
+use crate::backward::sm80::key_block::backward_key_block;
+use crate::backward::sm90::hopper_backward;
+use crate::common::element::{Bf16, F16};
 use crate::config::TileConfig;
-use crate::element::{Bf16, F16};
-use crate::forward::flash_forward;
-use crate::hopper::hopper_forward;
-use crate::hopper_backward::hopper_backward;
-use crate::kernel::ForwardKernel;
+use crate::forward::sm80::flash_forward;
+use crate::forward::sm80::kernel::ForwardKernel;
+use crate::forward::sm80::schedule::OneShot;
+use crate::forward::sm90::hopper_forward;
 use crate::params::{AppendParams, CombineParams, ForwardParams};
-use crate::schedule::OneShot;
 
 /// A kernel instance as the emulator runs it.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -364,15 +364,15 @@ kernel! {
     flash_bwd_finish_dq_bf16(params: BackwardParams) { crate::backward::rows::finish_dq::<Bf16>(params) }
 }
 
-/// The primitive probe ([`crate::probe`]) as a kernel: the GPU side of the
+/// The primitive probe ([`crate::test_kernels::probe`]) as a kernel: the GPU side of the
 /// emulator cross-check. In the test module only (feature `test-kernels`).
 #[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn probe_primitives(input: *const u32, output: *mut u32) {
-    crate::probe::probe_primitives(input, output)
+    crate::test_kernels::probe::probe_primitives(input, output)
 }
 
-/// The sm_90a primitive probe ([`crate::probe_sm90`]) as a kernel: the GPU
+/// The sm_90a primitive probe ([`crate::test_kernels::probe_sm90`]) as a kernel: the GPU
 /// side of the sm_90a emulator cross-check. In the sm_90a test module only
 /// (feature `test-kernels-sm90a`, built for sm_90a).
 #[cfg(all(target_arch = "nvptx64", feature = "test-kernels-sm90a"))]
@@ -383,13 +383,13 @@ pub unsafe extern "ptx-kernel" fn probe_sm90(
     output: *mut u32,
     bf16: u32,
 ) {
-    crate::probe_sm90::probe_sm90(maps, input, output, bf16)
+    crate::test_kernels::probe_sm90::probe_sm90(maps, input, output, bf16)
 }
 
-/// The mma.sync ceiling ([`crate::ceiling`]) as a kernel, for the benchmark.
+/// The mma.sync ceiling ([`crate::test_kernels::ceiling`]) as a kernel, for the benchmark.
 /// In the test module only (feature `test-kernels`).
 #[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn mma_ceiling(iterations: u32, out: *mut f32, threads: u32) {
-    crate::ceiling::mma_ceiling(iterations, out, threads)
+    crate::test_kernels::ceiling::mma_ceiling(iterations, out, threads)
 }

@@ -1,21 +1,17 @@
-//! FlashAttention-2 forward kernels in Rust, compiled to PTX for
-//! `nvptx64-nvidia-cuda` by `cargo xtask build-ptx`.
+//! The FlashAttention kernels (forward, backward, split-KV merge, KV-cache
+//! append) in Rust, compiled to PTX for `nvptx64-nvidia-cuda` by `cargo
+//! xtask build-ptx`.
 //!
-//! Module map: [`arch`] every PTX primitive; [`layout`] shared-memory tiles
-//! and their swizzle; [`tile_copy`] global <-> shared copies; [`mma`] the
-//! fragment loads and the two matrix products; [`softmax`] the online softmax
-//! and masking; [`warp_merge`] merging the warps of a block that split the
-//! keys; [`epilogue`] normalising and storing O and the LSE; [`kernel`] a
-//! kernel instance as one value ([`kernel::ForwardKernel`]); [`kv_pipeline`]
-//! the K/V pipeline (copies, waits, barriers); [`mainloop`] the key loop's
-//! step (Q K^T, mask, online softmax, P V); [`schedule`]
-//! the block scheduler; [`forward`] the kernel body; [`hopper`] the sm_90a
-//! kernels (TMA, `wgmma`, warp specialization); [`backward`] the backward
-//! kernels (dQ, dK, dV); [`entry`] the exported
-//! kernel instances;
-//! [`probe`] one warp running each primitive, to check the emulator on a GPU;
-//! [`probe_sm90`] the same for the sm_90a primitives (three warpgroups);
-//! [`ceiling`] register-only MMAs, the benchmark's ceiling.
+//! Module map: [`arch`] every PTX primitive (and its CPU emulation);
+//! [`common`] what the kernel families share (element types, tiles,
+//! copies, `mma.sync` fragments, softmax and masks, each block's problem);
+//! [`forward`] the forward families, [`forward::sm80`] (`mma.sync`,
+//! `cp.async`) and [`forward::sm90`] (TMA, `wgmma`, warp specialization);
+//! [`backward`] the backward kernels (dQ, dK, dV), [`backward::sm80`] and
+//! [`backward::sm90`]; [`combine`] the split-KV merge; [`append`] the
+//! KV-cache append; [`entry`] the exported kernel instances;
+//! [`test_kernels`] the test-only kernels (the emulator's cross-check
+//! probes, the benchmark's ceiling).
 //!
 //! On the host the same code compiles against an emulation of every
 //! primitive ([`emu`]), which runs the kernels on the CPU: [`entry::KERNELS`]
@@ -36,26 +32,11 @@
 pub mod append;
 pub mod arch;
 pub mod backward;
-pub mod ceiling;
 pub mod combine;
-pub mod element;
+pub mod common;
 pub mod entry;
-pub mod epilogue;
 pub mod forward;
-pub mod hopper;
-pub mod hopper_backward;
-pub mod kernel;
-pub mod kv_pipeline;
-pub mod layout;
-pub mod mainloop;
-pub mod mma;
-pub mod probe;
-pub mod probe_sm90;
-pub mod problem;
-pub mod schedule;
-pub mod softmax;
-pub mod tile_copy;
-pub mod warp_merge;
+pub mod test_kernels;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub use arch::emu;

@@ -1,5 +1,5 @@
 //! The CPU emulator against the GPU: the primitive probe
-//! (`flash_attn_kernels::probe`) on identical random inputs, compared bit for
+//! (`flash_attn_kernels::test_kernels::probe`) on identical random inputs, compared bit for
 //! bit where the PTX ISA defines the result exactly, and within stated bounds
 //! where it does not (`ex2`/`lg2`/`rcp.approx`, and `mma`, whose tensor-core
 //! accumulation rounds differently from the emulator's exact sum); then whole
@@ -14,7 +14,7 @@ use flash_attn::half1::{bf16, f16};
 use flash_attn::ATTENTION_KERNELS;
 use flash_attn::{AttentionParams, Element, FlashAttention, Tensor};
 use flash_attn_kernels::emu::{self, GlobalRegion, LaunchConfig};
-use flash_attn_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
+use flash_attn_kernels::test_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
 use flash_attn_tests::emulator::{self, Tensor as HostTensor};
 use flash_attn_tests::emulator::{Dtype, DtypeValues};
 use flash_attn_tests::gpu;

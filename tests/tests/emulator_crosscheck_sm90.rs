@@ -1,5 +1,5 @@
 //! The sm_90a primitives, emulated and on an H100 or H200: the probe
-//! (`flash_attn_kernels::probe_sm90`: mbarrier phases, named barriers,
+//! (`flash_attn_kernels::test_kernels::probe_sm90`: mbarrier phases, named barriers,
 //! `setmaxnreg`, TMA loads with the 128-byte swizzle and zero fill,
 //! `fence.proxy.async`, wgmma SS and RS, K-major and MN-major B) on
 //! identical inputs. The GPU's tensor maps come from the driver's
@@ -22,7 +22,7 @@ use flash_attn::cust::sys::{cuFuncSetAttribute, cudaError_enum, CUfunction_attri
 use flash_attn::pipeline::encode_tensor_map;
 use flash_attn::{bf16, f16};
 use flash_attn_abi::sm90::{TensorMap, TensorMapParams};
-use flash_attn_kernels::probe_sm90::{self, host::Chunk, host::Inputs, output};
+use flash_attn_kernels::test_kernels::probe_sm90::{self, host::Chunk, host::Inputs, output};
 use flash_attn_tests::{gpu, skipped, TEST_PTX_SM90A};
 use rand::Rng;
 

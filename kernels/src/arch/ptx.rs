@@ -487,7 +487,7 @@ pub fn thread_idx_x_here() -> u32 {
 /// `xor.b32`, left where it is written: without `pure`, LLVM neither
 /// hoists it out of a loop nor merges it with an equal one. The ldmatrix
 /// addresses use it to re-derive their swizzled offsets at each use
-/// ([`crate::layout::SmemTile::chunks_across`]) instead of holding one
+/// ([`crate::common::layout::SmemTile::chunks_across`]) instead of holding one
 /// register per offset through the key loop.
 #[inline(always)]
 pub fn xor_in_place(a: u32, b: u32) -> u32 {

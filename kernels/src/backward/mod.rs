@@ -6,20 +6,20 @@
 //!
 //! - [`rows::prepare`]: `delta = rowsum(dO * O)` per query row, and the
 //!   row's f32 dQ accumulator zeroed;
-//! - [`key_block::backward_key_block`]: one block per key block, which
-//!   walks the query steps that see it and accumulates dK and dV in
-//!   registers and dQ in the f32 accumulator (atomics);
+//! - the main kernel, one block per key block, which walks the query steps
+//!   that see it and accumulates dK and dV in registers and dQ in the f32
+//!   accumulator: [`sm80`] (`mma.sync`, atomics) or [`sm90`] (`wgmma`,
+//!   TMA, warp specialization);
 //! - [`rows::finish_dq`]: dQ from the accumulator.
 //!
-//! [`fragments`] reads the tiles as the `mma.sync` operands the products
-//! need, transposed or not.
+//! Both families share the row kernels and [`BatchRows`].
 
+use crate::common::problem::packed_sequence;
 use crate::params::ForwardParams;
-use crate::problem::packed_sequence;
 
-pub mod fragments;
-pub mod key_block;
 pub mod rows;
+pub mod sm80;
+pub mod sm90;
 
 /// One batch's sequence lengths, and where its rows start in each tensor.
 #[derive(Clone, Copy)]

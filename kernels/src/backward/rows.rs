@@ -6,7 +6,7 @@
 
 use super::{row_offset, BatchRows};
 use crate::arch;
-use crate::element::Element;
+use crate::common::element::Element;
 use flash_attn_abi::backward::{BackwardParams, ROW_KERNEL_ROWS, ROW_KERNEL_THREADS};
 
 /// Calls `f(rows, head, row, lane)` for each query row of this block's that

@@ -59,7 +59,7 @@ fn attention_kernel_reading_past_a_short_buffer_is_reported_with_the_address() {
     let error = expect_fault(
         result,
         FaultKind::GlobalOutOfBounds,
-        &["cp.async.cg.shared.global", "src/tile_copy.rs", "past the end of 'k'"],
+        &["cp.async.cg.shared.global", "src/common/tile_copy.rs", "past the end of 'k'"],
     );
     let addr = hex_after(&error.message, "bytes at 0x");
     let k_end = k_bytes.as_ptr_range().end as usize;

@@ -460,7 +460,7 @@ fn atom_add_returns_each_earlier_count_once() {
 #[test]
 fn the_gpu_cross_check_probe_runs_in_the_emulator() {
     use flash_attn_kernels::emu::{launch, LaunchConfig};
-    use flash_attn_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
+    use flash_attn_kernels::test_kernels::probe::{self, input, output, LANE_INPUT_WORDS, LANE_OUTPUT_WORDS};
 
     #[derive(Clone, Copy)]
     #[repr(C, align(16))]
@@ -520,7 +520,7 @@ fn the_gpu_cross_check_probe_runs_in_the_emulator() {
 /// iteration into each chain: 3 iterations give 3 times what 1 gives.
 #[test]
 fn the_ceiling_kernel_accumulates_its_iterations() {
-    use flash_attn_kernels::ceiling::mma_ceiling;
+    use flash_attn_kernels::test_kernels::ceiling::mma_ceiling;
     let run = |iterations: u32| {
         let mut out = vec![f32::NAN; 64];
         let out_ptr = out.as_mut_ptr();

@@ -13,7 +13,7 @@ use flash_attn_abi::sm90::{
 };
 use flash_attn_kernels::arch::{self, WgmmaAccumulator};
 use flash_attn_kernels::emu::{launch, Error, GlobalRegion, LaunchConfig};
-use flash_attn_kernels::probe_sm90::{self, output};
+use flash_attn_kernels::test_kernels::probe_sm90::{self, output};
 use half::{bf16, f16};
 use proptest::prelude::*;
 

@@ -3,7 +3,7 @@
 //! dims 64 and 128, causal and not, f16 and bf16. TFLOP/s counts
 //! 4 * batch * heads * seqlen^2 * head_dim, halved for causal.
 //!
-//! Before the grid it times the mma.sync ceiling (`flash_attn_kernels::ceiling`:
+//! Before the grid it times the mma.sync ceiling (`flash_attn_kernels::test_kernels::ceiling`:
 //! register-only m16n8k16 MMAs on every SM, also at 1 and 2 warps per
 //! scheduler) and reports each shape's fraction of it. Prefill and varlen
 //! calls are timed hot (`hot::hot_time`), as bench_torch.py times the
@@ -338,8 +338,10 @@ fn mma_ceiling_tflops(
         launch()?;
     }
     let ms = median_ms(&stream, 10, || Ok(()), launch)?;
-    let flops =
-        (blocks * threads / 32) as f64 * iterations as f64 * flash_attn_kernels::ceiling::CHAINS as f64 * 4096.0;
+    let flops = (blocks * threads / 32) as f64
+        * iterations as f64
+        * flash_attn_kernels::test_kernels::ceiling::CHAINS as f64
+        * 4096.0;
     Ok(flops / (ms * 1e-3) / 1e12)
 }
 

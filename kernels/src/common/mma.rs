@@ -12,8 +12,8 @@
 //! gives every lane two elements of each matrix in exactly the A/B layouts.
 
 use crate::arch;
-use crate::element::Element;
-use crate::layout::SmemTile;
+use crate::common::element::Element;
+use crate::common::layout::SmemTile;
 
 /// Whether the ldmatrix addresses re-derive their swizzle at each k-step
 /// ([`SmemTile::chunks_across`]) rather than hold one offset per swizzle

@@ -1,15 +1,15 @@
 //! One forward kernel instance as one value: its element type, variant,
 //! tile configuration and block scheduler ([`ForwardKernel`]).
 //!
-//! The kernel's parts ([`crate::schedule`], [`crate::forward`],
-//! [`crate::epilogue`]) read every behaviour flag (stages, waits,
+//! The kernel's parts ([`crate::forward::sm80::schedule`], [`crate::forward::sm80`],
+//! [`crate::forward::sm80::epilogue`]) read every behaviour flag (stages, waits,
 //! masked-step split, softmax in halves, warps splitting the keys, ...)
 //! from `K` where they use it: each is a constant of the instance, which
 //! LLVM folds as it folded the const generics they replace. Only the array
 //! sizes (and the Q operand's form, a type parameter of
-//! [`crate::mma::QOperand`]) stay const generics of the kernel body: Rust
+//! [`crate::common::mma::QOperand`]) stay const generics of the kernel body: Rust
 //! cannot size an array from an expression of a generic parameter without
-//! the incomplete `generic_const_exprs`. [`crate::forward::flash_forward`]
+//! the incomplete `generic_const_exprs`. [`crate::forward::sm80::flash_forward`]
 //! asserts at compile time that they agree with `CONFIG`.
 //!
 //! `const C: TileConfig` (feature `adt_const_params`, complete on the
@@ -19,9 +19,9 @@
 
 use flash_attn_abi::kernels::Variant;
 
+use crate::common::element::Element;
 use crate::config::TileConfig;
-use crate::element::Element;
-use crate::schedule::TileScheduler;
+use crate::forward::sm80::schedule::TileScheduler;
 
 /// A forward kernel instance. Each row of the ABI's kernel table is one
 /// implementation ([`crate::entry`]).
@@ -45,7 +45,7 @@ pub trait ForwardKernel {
     // body reads each flag through these, spelled as the const generics it
     // had before: other spellings of the same constants (a field of
     // `CONFIG`, a shorter cast) give LLVM other MIR to start from, and
-    // changed the PTX (see crate::forward).
+    // changed the PTX (see crate::forward::sm80).
     const BLOCK_M: u32 = Self::CONFIG.block_m;
     const BLOCK_N: u32 = Self::CONFIG.block_n;
     const WARPS: u32 = Self::CONFIG.warps;

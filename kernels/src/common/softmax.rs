@@ -8,8 +8,8 @@
 //! `p = 2^(s * scale_log2 - max * scale_log2)`.
 
 use crate::arch;
-use crate::mma::Accumulators;
-use crate::problem::Visibility;
+use crate::common::mma::Accumulators;
+use crate::common::problem::Visibility;
 
 /// How far (log2, scaled) a row's scores may rise above its reference max
 /// before the references move: probabilities stay below 2^8, well inside

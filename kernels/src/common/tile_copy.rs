@@ -2,7 +2,7 @@
 //! `cp.async` loads into swizzled tiles, and coalesced 16-byte stores out.
 
 use crate::arch;
-use crate::layout::SmemTile;
+use crate::common::layout::SmemTile;
 
 /// `cp.async.wait_group pending`, for a `pending` that is a constant after
 /// inlining (the instruction takes an immediate). Counts above 6 wait for

@@ -2,7 +2,7 @@
 //! shared-memory stages and the `cp.async` copies of K and V into them. Its
 //! prologue (Q's copy, the first blocks, the wait for Q) is spelled out in
 //! `forward_tile`, and its waits and barriers in the key step
-//! ([`crate::mainloop`]); the contract below covers them too.
+//! ([`crate::forward::sm80::mainloop`]); the contract below covers them too.
 //!
 //! Contract: at step `s` of the key loop (key block `n = n_end - 1 - s`),
 //! after the top-of-step wait and barrier `K[n]` has landed in
@@ -15,7 +15,7 @@
 //! last, so that every step counts the same groups in flight. After the
 //! prologue's barrier Q has landed for every warp. The waits and barriers
 //! at the top of each step and before its P V are the pipeline's, spelled
-//! out in the key step ([`crate::mainloop`]; `forward` says why); the key
+//! out in the key step ([`crate::forward::sm80::mainloop`]; `forward` says why); the key
 //! loop issues no other copy, wait or block barrier.
 //!
 //! Who loads a K/V stage and who waits for it: the warp alone when it has
@@ -40,11 +40,11 @@
 use core::marker::PhantomData;
 
 use crate::arch;
-use crate::kernel::ForwardKernel;
-use crate::layout::SmemTile;
+use crate::common::layout::SmemTile;
+use crate::common::problem::Sequence;
+use crate::common::tile_copy::load_tile_async;
+use crate::forward::sm80::kernel::ForwardKernel;
 use crate::params::ForwardParams;
-use crate::problem::Sequence;
-use crate::tile_copy::load_tile_async;
 
 /// The thread's index among those that load a K/V stage. With
 /// `rederive_copy_offsets`, %tid.x is read again at each load, so that the

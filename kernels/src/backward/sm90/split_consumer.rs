@@ -31,9 +31,9 @@ use super::smem::Smem;
 use super::{KeyBlock, StepPlace};
 use crate::arch::{self, WgmmaAccumulator};
 use crate::backward::BatchRows;
-use crate::element::Element;
-use crate::hopper::consumer::as_tiles;
-use crate::softmax::ScoreMask;
+use crate::common::element::Element;
+use crate::common::softmax::ScoreMask;
+use crate::forward::sm90::consumer::as_tiles;
 
 /// Computes consumer `consumer`'s columns of the block's keys' dK and dV
 /// over every step (64 query rows: one `wgmma` M of S) and adds its

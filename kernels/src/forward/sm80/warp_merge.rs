@@ -7,8 +7,8 @@
 //! nothing.
 
 use crate::arch;
-use crate::mma::Accumulators;
-use crate::softmax::OnlineSoftmax;
+use crate::common::mma::Accumulators;
+use crate::common::softmax::OnlineSoftmax;
 
 /// Bytes of shared memory the merge of `warps` warps of `m_tiles` m-tiles
 /// over `dim_tiles` 8-column tiles of O uses: each warp's row maxes, then

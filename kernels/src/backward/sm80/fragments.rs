@@ -1,6 +1,6 @@
 //! The `mma.sync.m16n8k16` operands of the backward products, read from
 //! swizzled shared-memory tiles ([`SmemTile`]) with `ldmatrix`, and the two
-//! product shapes built from them (fragment layouts: [`crate::mma`]).
+//! product shapes built from them (fragment layouts: [`crate::common::mma`]).
 //!
 //! The backward multiplies each tile both ways round: P and dS are stored
 //! once as `[query, key]` and read as A of `dS K` (rows) and as A of
@@ -9,14 +9,14 @@
 //! product over their rows (`dS K`, `P^T dO`, `dS^T Q`: transposed).
 
 use crate::arch;
-use crate::element::Element;
-use crate::layout::SmemTile;
+use crate::common::element::Element;
+use crate::common::layout::SmemTile;
 
 /// Each operand is a lane's base address, computed once, and a load that
 /// moves it by whole k-steps: rows by adding whole 16-row strides, columns
 /// by [`SmemTile::chunks_across`] in place, so that a lane holds one
 /// address per operand through the query loop instead of one per k-step
-/// (the forward's reason too: [`crate::mma`]).
+/// (the forward's reason too: [`crate::common::mma`]).
 ///
 /// A fragments of rows `first_row..+16` of a tile, 16 columns per k-step.
 #[derive(Clone, Copy)]

@@ -24,7 +24,7 @@ use flash_attn_abi::hopper_backward::{
 };
 
 use crate::arch;
-use crate::hopper::smem::{k_major, swizzled_operand, SwizzledTile};
+use crate::forward::sm90::smem::{k_major, swizzled_operand, SwizzledTile};
 
 /// Bytes of one P or dS slab (64 rows of 64 keys, or of dS^T 64 rows of 64
 /// query rows), and of 16 of its rows: one `wgmma` k-step along the rows.

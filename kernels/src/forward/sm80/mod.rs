@@ -1,16 +1,16 @@
 //! The FlashAttention-2 forward kernel body, in two parts:
 //!
 //! - [`flash_forward`], the kernel loop: it asks the kernel's block
-//!   scheduler ([`crate::schedule`]) for work tiles and runs each. With the
+//!   scheduler ([`crate::forward::sm80::schedule`]) for work tiles and runs each. With the
 //!   one-shot scheduler of every shipped kernel this is the tile run once.
 //! - `forward_tile`, one work tile: `block_m` query rows of one (batch,
-//!   head) against the key blocks they see ([`crate::problem`]): the
+//!   head) against the key blocks they see ([`crate::common::problem`]): the
 //!   scheduler's tile, its sequence and visibility, then the K/V pipeline's
-//!   prologue ([`crate::kv_pipeline`]: Q's copy, the K/V shared-memory
+//!   prologue ([`crate::forward::sm80::kv_pipeline`]: Q's copy, the K/V shared-memory
 //!   stages, every `cp.async` wait, barrier and prefetch), the key loop over
-//!   its steps ([`crate::mainloop`]: Q K^T, score modifiers, mask, online
+//!   its steps ([`crate::forward::sm80::mainloop`]: Q K^T, score modifiers, mask, online
 //!   softmax, P V), then the epilogue ([`epilogue::write_tile`]:
-//!   [`crate::warp_merge`], then O and the LSE or a split's partials). Each
+//!   [`crate::forward::sm80::warp_merge`], then O and the LSE or a split's partials). Each
 //!   of the three modules states its contract.
 //!
 //! The tile streams its key blocks through `stages` shared-memory stages
@@ -24,7 +24,7 @@
 //! In the decode kernels the warps split the keys instead of the rows: all
 //! share the block's 16 query rows, each runs the key loop over its own
 //! part of the block's key blocks through its own stages (with warp
-//! barriers only), and [`crate::warp_merge`] merges them at the end.
+//! barriers only), and [`crate::forward::sm80::warp_merge`] merges them at the end.
 //!
 //! Why the pipeline is the types it is and the key step a macro (not a
 //! function), each in its module: the PTX depends on more than what the
@@ -41,18 +41,24 @@
 //! key step and here, spelled out: as `KvPipeline` methods they changed the
 //! PTX of many kernels, and as `#[inline]` methods they spilled.
 
+pub mod epilogue;
+pub mod kernel;
+pub mod kv_pipeline;
+pub mod mainloop;
+pub mod schedule;
+pub mod warp_merge;
+
 use crate::arch;
-use crate::epilogue::{self, TileRows};
-use crate::kernel::ForwardKernel;
-use crate::kv_pipeline::{KStages, KeyBlockLoader, KvPipeline, KvThread, VStages};
-use crate::layout::SmemTile;
-use crate::mma;
+use crate::common::layout::SmemTile;
+use crate::common::mma;
+use crate::common::problem::{split_key_blocks, Sequence, Visibility};
+use crate::common::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
+use crate::common::tile_copy::{cp_async_wait_pending, load_tile_async};
 use crate::params::ForwardParams;
-use crate::problem::{split_key_blocks, Sequence, Visibility};
-use crate::schedule::{TileScheduler, WorkTile};
-use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
-use crate::tile_copy::{cp_async_wait_pending, load_tile_async};
-use crate::warp_merge;
+use epilogue::TileRows;
+use kernel::ForwardKernel;
+use kv_pipeline::{KStages, KeyBlockLoader, KvPipeline, KvThread, VStages};
+use schedule::{TileScheduler, WorkTile};
 
 /// The kernel body of the instance `K` ([`ForwardKernel`]: element type,
 /// variant, tile config and scheduler, one value). The const generics are
@@ -73,7 +79,7 @@ use crate::warp_merge;
 /// # Safety
 /// `params` must describe tensors the host validated for this instance, and
 /// the launch must use `warps * 32` threads, the scheduler's grid (for
-/// [`crate::schedule::OneShot`]
+/// [`crate::forward::sm80::schedule::OneShot`]
 /// `(num_splits * ceil(seqlen_q / block_m), heads_q, batch)`) and the
 /// shared-memory size of the tile config.
 #[inline(always)]
@@ -267,7 +273,7 @@ unsafe fn forward_tile<
     }
     arch::sync_threads(); // Q has landed for every warp.
 
-    // ---- The key loop, per warp: [`crate::mainloop`]'s `key_step!` (Q K^T,
+    // ---- The key loop, per warp: [`crate::forward::sm80::mainloop`]'s `key_step!` (Q K^T,
     // score modifiers, mask, online softmax, P V), whose doc states its
     // contract, over the steps below.
     let warp_first_row = if K::WARPS_SPLIT_KEYS { 0 } else { warp * 16 * M_TILES as u32 };
@@ -312,7 +318,7 @@ unsafe fn forward_tile<
     };
     macro_rules! key_step {
         ($step:expr, $masked:expr) => {
-            crate::mainloop::key_step!(
+            crate::forward::sm80::mainloop::key_step!(
                 $step, $masked;
                 pipeline, n_end, n_begin, stages, block_n, first_row, last_row, visibility,
                 mask, modifiers, q_operand, lane, scale_log2, softmax, o

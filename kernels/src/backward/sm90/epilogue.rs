@@ -19,8 +19,8 @@ use super::smem::Smem;
 use super::KeyBlock;
 use crate::arch::{self, WgmmaAccumulator};
 use crate::backward::BatchRows;
-use crate::element::Element;
-use crate::hopper::consumer::as_tiles;
+use crate::common::element::Element;
+use crate::forward::sm90::consumer::as_tiles;
 
 /// Threads of both consumer warpgroups: they stage and copy together.
 const CONSUMER_THREADS: u32 = 2 * WARPGROUP_THREADS;

@@ -21,7 +21,7 @@ use flash_attn_abi::hopper::{
 use flash_attn_abi::sm90::{DescriptorSwizzle, MatrixDescriptor};
 
 use crate::arch;
-use crate::element::Element;
+use crate::common::element::Element;
 
 /// The block's shared memory for tiles of `BM` query rows (the config's
 /// `block_m`), head dim `D` in Q and K tiles of `DT` columns (its
@@ -200,7 +200,7 @@ impl<const BM: usize, const D: usize, const DT: usize, const BN: usize, const ST
 
 /// A K-major operand in the 128-byte swizzle at `start` (its leading byte
 /// offset is unused in that mode; 16 by convention); the backward's dS
-/// too ([`crate::hopper_backward::smem`]).
+/// too ([`crate::backward::sm90::smem`]).
 #[inline(always)]
 pub(crate) fn k_major(start: u32) -> u64 {
     swizzled_operand(start, 16, SLAB_ROW_BYTES)

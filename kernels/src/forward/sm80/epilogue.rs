@@ -3,19 +3,19 @@
 //! log-sum-exp of each row ([`write_output`]); or, for a split of
 //! split-KV, write the f32 partials ([`write_partial_output`]).
 //! [`write_tile`] chooses, after merging the warps that split the keys
-//! ([`crate::warp_merge`]).
+//! ([`crate::forward::sm80::warp_merge`]).
 
 use crate::arch;
-use crate::element::Element;
-use crate::kernel::ForwardKernel;
-use crate::layout::SmemTile;
-use crate::mma::Accumulators;
+use crate::common::element::Element;
+use crate::common::layout::SmemTile;
+use crate::common::mma::Accumulators;
+use crate::common::problem::Sequence;
+use crate::common::softmax::OnlineSoftmax;
+use crate::common::tile_copy;
+use crate::forward::sm80::kernel::ForwardKernel;
+use crate::forward::sm80::schedule::{TileScheduler, WorkTile};
+use crate::forward::sm80::warp_merge;
 use crate::params::ForwardParams;
-use crate::problem::Sequence;
-use crate::schedule::{TileScheduler, WorkTile};
-use crate::softmax::OnlineSoftmax;
-use crate::tile_copy;
-use crate::warp_merge;
 
 /// Where a work tile's rows lie.
 #[derive(Clone, Copy)]

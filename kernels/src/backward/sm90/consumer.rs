@@ -38,10 +38,10 @@ use super::smem::Smem;
 use super::{stage_of, KeyBlock, StepPlace};
 use crate::arch::{self, WgmmaAccumulator};
 use crate::backward::BatchRows;
-use crate::element::Element;
-use crate::hopper::consumer::as_tiles;
-use crate::mma::probabilities_as_a;
-use crate::softmax::mask_causal_transposed;
+use crate::common::element::Element;
+use crate::common::mma::probabilities_as_a;
+use crate::common::softmax::mask_causal_transposed;
+use crate::forward::sm90::consumer::as_tiles;
 
 /// Waits until every warp that reads consumer `consumer`'s stores of dS
 /// (and where the consumers split the head dim, of P) has stored: a named

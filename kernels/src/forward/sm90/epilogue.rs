@@ -19,9 +19,9 @@ use super::consumer::as_tiles;
 use super::scheduler::HopperTile;
 use super::smem::Smem;
 use crate::arch::{self, WgmmaAccumulator};
-use crate::element::Element;
+use crate::common::element::Element;
+use crate::common::softmax::OnlineSoftmax;
 use crate::params::ForwardParams;
-use crate::softmax::OnlineSoftmax;
 
 /// The first of the consumers' own named barriers, after the turns' (1 to
 /// 3; 0 is the block's `bar.sync 0`).

@@ -21,8 +21,8 @@ use flash_attn_abi::hopper::HopperParams;
 
 use super::smem::Smem;
 use crate::arch;
+use crate::common::problem::{packed_sequence, Visibility};
 use crate::params::ForwardParams;
-use crate::problem::{packed_sequence, Visibility};
 
 /// What a block works on for one tile: `block_m` query rows of one head
 /// and sequence, and the key blocks its rows see.

@@ -23,8 +23,8 @@
 //! The `wgmma` accumulator fragment is the `mma.sync` C fragment repeated
 //! over n8-tiles (a warp's 16 rows, a lane's two rows `lane / 4` and
 //! `lane / 4 + 8`, two neighbouring columns per tile), so the portable
-//! kernels' softmax and mask ([`crate::softmax`]) and P's conversion to A
-//! fragments ([`crate::mma::probabilities_as_a`]) apply to it as they are.
+//! kernels' softmax and mask ([`crate::common::softmax`]) and P's conversion to A
+//! fragments ([`crate::common::mma::probabilities_as_a`]) apply to it as they are.
 
 use flash_attn_abi::hopper::{HopperParams, CONSUMER_ROWS, WARPGROUP_THREADS};
 
@@ -33,10 +33,10 @@ use super::scheduler::{self, HopperTile, TileOrder};
 use super::smem::Smem;
 use super::Loads;
 use crate::arch::{self, WgmmaAccumulator};
-use crate::element::Element;
-use crate::mma::{probabilities_as_a, Accumulators};
+use crate::common::element::Element;
+use crate::common::mma::{probabilities_as_a, Accumulators};
+use crate::common::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
 use crate::params::ForwardParams;
-use crate::softmax::{OnlineSoftmax, ScoreMask, ScoreModifiers};
 
 /// The registers of a `wgmma` accumulator as `TILES` n8-tiles of one
 /// m-tile: the same `4 * TILES` f32 in the same order.

@@ -31,7 +31,7 @@ pub mod smem;
 use flash_attn_abi::hopper::{HopperParams, WARPGROUP_THREADS};
 
 use crate::arch;
-use crate::element::Element;
+use crate::common::element::Element;
 use scheduler::HopperTile;
 use smem::Smem;
 

@@ -20,7 +20,7 @@
 //!    the deterministic mode, to the block's split's own).
 //!
 //! The softmax scale multiplies dK at the end and dQ in
-//! [`super::rows::finish_dq`]; dS itself is the gradient of the logits
+//! [`crate::backward::rows::finish_dq`]; dS itself is the gradient of the logits
 //! (after the scale).
 //!
 //! Keys that no row sees get zero gradients; rows past the batch's
@@ -29,13 +29,13 @@
 use super::fragments::{
     accumulate_over_rows, rows_times_rows, ColumnsAsA, ColumnsAsB, FragmentsInTile, RowsAsA, RowsAsB,
 };
-use super::{row_offset, BatchRows};
 use crate::arch;
-use crate::element::Element;
-use crate::layout::SmemTile;
-use crate::problem::Visibility;
-use crate::softmax::{tanh, ScoreMask, ScoreModifiers};
-use crate::tile_copy::load_tile_async;
+use crate::backward::{row_offset, BatchRows};
+use crate::common::element::Element;
+use crate::common::layout::SmemTile;
+use crate::common::problem::Visibility;
+use crate::common::softmax::{tanh, ScoreMask, ScoreModifiers};
+use crate::common::tile_copy::load_tile_async;
 use flash_attn_abi::backward::{backward_config_of, BackwardParams, BACKWARD_BLOCK_M, BACKWARD_BLOCK_N};
 
 /// Rows of each warp in a step, and keys of each warp in the block.
@@ -54,7 +54,7 @@ const ROW_GROUPS: u32 = BACKWARD_BLOCK_M / WARP_ROWS;
 /// # Safety
 /// `params` must describe tensors the host validated for this instance; the
 /// launch must use `WARPS * 32` threads, the config's grid and shared
-/// memory, after [`super::rows::prepare`] on the same params.
+/// memory, after [`crate::backward::rows::prepare`] on the same params.
 #[inline(always)]
 pub unsafe fn backward_key_block<
     E: Element,

@@ -1,5 +1,5 @@
 //! The sm_90a main backward kernels: FlashAttention-2's backward algorithm
-//! on `wgmma` and TMA, warp-specialized as the forward ([`crate::hopper`]).
+//! on `wgmma` and TMA, warp-specialized as the forward ([`crate::forward::sm90`]).
 //!
 //! A block is one key block ([`HopperBackwardConfig::block_n`] keys) of one
 //! key/value head and batch. It walks every query step
@@ -43,8 +43,8 @@ use flash_attn_abi::hopper_backward::{
 };
 
 use crate::arch;
-use crate::element::Element;
-use crate::problem::Visibility;
+use crate::common::element::Element;
+use crate::common::problem::Visibility;
 use smem::Smem;
 
 /// The key block of a block, and the query steps that see it.

@@ -7,7 +7,7 @@
 //! fixed-length fields, so every feature branch here folds away for them.
 
 use crate::arch;
-use crate::kernel::ForwardKernel;
+use crate::forward::sm80::kernel::ForwardKernel;
 use crate::params::ForwardParams;
 
 /// One batch's sequences and where they start.

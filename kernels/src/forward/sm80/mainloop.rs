@@ -1,7 +1,7 @@
 //! The key loop's step (`key_step!`): Q K^T,
 //! score modifiers (general kernels), the mask where the block needs one,
 //! the online softmax, P V, over the stage the K/V pipeline
-//! ([`crate::kv_pipeline`]) hands it.
+//! ([`crate::forward::sm80::kv_pipeline`]) hands it.
 //!
 //! Contract: needs Q landed (the pipeline's prologue) and, at each step, the
 //! stage the pipeline hands it; reads only that stage and the Q tile; issues
@@ -16,7 +16,7 @@
 //! bool`, softmax state and O by `&mut`, the pipeline and the rest by
 //! reference) changed the PTX of nearly every kernel, raised ptxas's
 //! registers and spilled at d=128 (docs/tuning.md, ideas not adopted;
-//! [`crate::forward`]). rustc's MIR inliner does not inline a function this
+//! [`crate::forward::sm80`]). rustc's MIR inliner does not inline a function this
 //! size, so LLVM's always-inliner inlines it before it simplifies, where the
 //! same code written in the kernel body is simplified with it. The macro's
 //! expansion is token for token the code it replaced, and the PTX is the
@@ -43,7 +43,7 @@ macro_rules! key_step {
             _ => (step % $stages, (step + $stages - 1) % $stages),
         };
         let last = n == $n_begin;
-        $crate::tile_copy::cp_async_wait_pending(match (K::STAGES as usize) {
+        $crate::common::tile_copy::cp_async_wait_pending(match (K::STAGES as usize) {
             1 => 0,
             2 if !K::WAIT_KV_AT_TOP => 1,
             _ => 2 * ((K::STAGES as usize) - 2),
@@ -65,7 +65,7 @@ macro_rules! key_step {
             let needs_mask = $masked
                 || (!K::SPLIT_MASKED_STEPS && $visibility.block_needs_mask($first_row, $last_row, first_key, $block_n));
             // Scores into logits: modifiers, then the mask.
-            let logits = |s: &mut $crate::mma::Accumulators<M_TILES, HALF_TILES>, first_key: u32| {
+            let logits = |s: &mut $crate::common::mma::Accumulators<M_TILES, HALF_TILES>, first_key: u32| {
                 if K::GENERAL && $modifiers.active() {
                     $modifiers.apply::<M_TILES, HALF_TILES>(s, first_key as i32, $lane);
                 }
@@ -74,7 +74,7 @@ macro_rules! key_step {
                 }
             };
             let mut s_first =
-                $crate::mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                $crate::common::mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
                     &$q_operand,
                     $pipeline.k_tile(stage),
                     $lane,
@@ -82,35 +82,38 @@ macro_rules! key_step {
             logits(&mut s_first, first_key);
             $softmax.rebase(&s_first, &mut [[[0.0; 4]; 0]; M_TILES], &mut $o, $scale_log2);
             let mut s_second =
-                $crate::mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                $crate::common::mma::scores::<K::Element, M_TILES, HALF_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
                     &$q_operand,
-                    $crate::layout::SmemTile::at($pipeline.k_tile(stage).after_rows(half_keys)),
+                    $crate::common::layout::SmemTile::at($pipeline.k_tile(stage).after_rows(half_keys)),
                     $lane,
                 );
             $softmax.exponentiate(&mut s_first, $scale_log2);
             logits(&mut s_second, first_key + half_keys);
             $softmax.rebase(&s_second, &mut s_first, &mut $o, $scale_log2);
             $softmax.exponentiate(&mut s_second, $scale_log2);
-            let p_first = $crate::mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_first);
-            let p_second = $crate::mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_second);
-            $crate::mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
+            let p_first =
+                $crate::common::mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_first);
+            let p_second =
+                $crate::common::mma::probabilities_as_a::<K::Element, M_TILES, HALF_TILES, HALF_STEPS>(&s_second);
+            $crate::common::mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
                 &mut $o,
                 &p_first,
                 $pipeline.v_tile(stage),
                 $lane,
             );
-            $crate::mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
+            $crate::common::mma::accumulate_pv::<K::Element, M_TILES, HALF_STEPS, HEAD_DIM, DIM_TILES>(
                 &mut $o,
                 &p_second,
-                $crate::layout::SmemTile::at($pipeline.v_tile(stage).after_rows(half_keys)),
+                $crate::common::layout::SmemTile::at($pipeline.v_tile(stage).after_rows(half_keys)),
                 $lane,
             );
         } else {
-            let mut s = $crate::mma::scores::<K::Element, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
-                &$q_operand,
-                $pipeline.k_tile(stage),
-                $lane,
-            );
+            let mut s =
+                $crate::common::mma::scores::<K::Element, M_TILES, N_TILES, HEAD_DIM, HEAD_DIM_16, Q_IN_REGISTERS>(
+                    &$q_operand,
+                    $pipeline.k_tile(stage),
+                    $lane,
+                );
             if K::GENERAL && $modifiers.active() {
                 $modifiers.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, $lane);
             }
@@ -120,7 +123,7 @@ macro_rules! key_step {
                 $mask.apply::<M_TILES, N_TILES>(&mut s, first_key as i32, $lane);
             }
             $softmax.update(&mut s, &mut $o, $scale_log2);
-            let p = $crate::mma::probabilities_as_a::<K::Element, M_TILES, N_TILES, N_STEPS>(&s);
+            let p = $crate::common::mma::probabilities_as_a::<K::Element, M_TILES, N_TILES, N_STEPS>(&s);
 
             if (K::STAGES as usize) == 1 {
                 $crate::arch::cp_async_wait::<0>(); // V[n] has landed
@@ -136,7 +139,7 @@ macro_rules! key_step {
                 }
                 $pipeline.kv_barrier();
             }
-            $crate::mma::accumulate_pv::<K::Element, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(
+            $crate::common::mma::accumulate_pv::<K::Element, M_TILES, N_STEPS, HEAD_DIM, DIM_TILES>(
                 &mut $o,
                 &p,
                 $pipeline.v_tile(stage),

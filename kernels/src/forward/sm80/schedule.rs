@@ -8,7 +8,7 @@
 //! grid the host sizes for the scheduler (today
 //! [`flash_attn_abi::kernels::forward_grid`], the one-shot grid). A
 //! scheduler issues no barrier and touches no shared memory. The kernel
-//! loop ([`crate::forward::flash_forward`]) runs the tiles one after
+//! loop ([`crate::forward::sm80::flash_forward`]) runs the tiles one after
 //! another and synchronises the CTA between two, so a persistent or
 //! Stream-K schedule is a new implementation (and a row choosing it, in
 //! [`crate::entry`]), not a change to the kernel body. A Stream-K
@@ -16,7 +16,7 @@
 //! as `split` is for split-KV.
 
 use crate::arch;
-use crate::kernel::ForwardKernel;
+use crate::forward::sm80::kernel::ForwardKernel;
 use crate::params::ForwardParams;
 
 /// One unit of a CTA's work: `block_m` query rows of one (batch, head), and
