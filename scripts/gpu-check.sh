@@ -208,7 +208,8 @@ else
   fi
 fi
 echo "benchmark: $((SECONDS - bench_start)) s"
-echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; train $train; candle $candle; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench"
+# The closing line, also in summary.txt: scripts/bench-doc.py quotes it in docs/benchmarks.md.
+echo "gpu-check: test executables $tests_passed passed, $tests_failed failed; demo $demo; train $train; candle $candle; sanitizers (memcheck, synccheck, racecheck, initcheck) $sanitizers in $sanitizer_runs runs; benchmark $bench" | tee "$results/summary.txt"
 # A part alone is not the full check: it exits 2 when everything it ran passed.
 if [ "$part" != bench ]; then
   [ "$tests_failed" = 0 ] && [ "$demo" = ok ] && [ "$train" = ok ] && [ "$sanitizers" = clean ] && [ "$candle" != FAILED ] || exit 1

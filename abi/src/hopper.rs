@@ -221,8 +221,8 @@ pub const fn v_slab_columns(head_dim: u32) -> u32 {
 ///   so its consumers' instruction stream bounds it: a third consumer
 ///   gives each scheduler another warp to issue from, and each K/V stage
 ///   serves 192 rows. S (64 registers), O (32) and P (32) fit 160. The
-///   causal and general kernels also come with tiles of 128 rows, for
-///   short causal calls ([`hopper_block_m`]).
+///   causal and general kernels also come with tiles of 128 rows, which
+///   the host plans for short causal calls.
 /// - d = 96 and 128 (Q and K tiles of 128 columns): 128 rows, 128 keys per
 ///   stage, two stages: the S accumulator (64 registers), O (`head_dim /
 ///   2`) and P (32) fit a consumer's 240 registers.
@@ -257,46 +257,6 @@ pub const fn hopper_config(head_dim: u32, variant: Variant, block_m: u32) -> Opt
     Some(HopperConfig { head_dim, tile_dim, block_n, stages: 2, consumers })
 }
 
-/// The query rows of the tiles that head dim `head_dim`'s sm_90a kernels
-/// take for a call over `seqlen_k` keys (of the longest sequence, packed),
-/// `causal` or not: 192 at d = 64, but 128 for causal calls over at most
-/// 1024 keys, and 128 at the other head dims. The consumers of a causal
-/// tile run to its last row's keys: at 1024 keys a tile of 192 rows
-/// computes a third more key blocks than tiles of 128, which outweighs its
-/// third consumer.
-pub const fn hopper_block_m(head_dim: u32, causal: bool, seqlen_k: usize) -> u32 {
-    match head_dim {
-        64 if causal && seqlen_k <= 1024 => 128,
-        64 => 192,
-        _ => 128,
-    }
-}
-
-/// The tiles of a call (`block_m` query rows of one head and batch each),
-/// which the persistent blocks share out: `(query blocks, tiles)`, `None`
-/// past `u32`, which the kernels count in. For packed sequences `seqlen_q`
-/// is the longest sequence's.
-pub fn hopper_tiles(seqlen_q: usize, heads_q: usize, batch: usize, block_m: u32) -> Option<(u32, u32)> {
-    let query_blocks = seqlen_q.div_ceil(block_m as usize);
-    let tiles = u32::try_from(query_blocks.checked_mul(heads_q)?.checked_mul(batch)?).ok()?;
-    Some((query_blocks as u32, tiles))
-}
-
-/// The heads (of every batch) whose tiles a causal call orders together,
-/// each query block of every head of the section (heaviest first) before
-/// the next block: the heavy tiles of the call's last heads then start with
-/// the other blocks' heavy tiles, not after them, when little work is left
-/// to fill in beside them. The most heads that put their K and V in
-/// `l2_bytes`, so that the blocks running at once still find them in L2,
-/// and divide `heads` (sections of one size: the kernel's order is two
-/// divisions); at least 1. `kv_bytes_per_head` is a head's K and V (of one
-/// batch).
-pub fn hopper_causal_section(heads: usize, kv_bytes_per_head: usize, l2_bytes: usize) -> u32 {
-    let fit = (l2_bytes / kv_bytes_per_head.max(1)).clamp(1, heads.max(1));
-    let section = (1..=fit).rev().find(|s| heads.is_multiple_of(*s)).unwrap_or(1);
-    section.min(u32::MAX as usize) as u32
-}
-
 /// The argument block of the sm_90a kernels: the portable kernels' block
 /// (outputs, strides, sizes, scale, mask) and the tensor maps of q, k and v
 /// that the producer loads through. The general kernels read the window,
@@ -314,15 +274,14 @@ pub struct HopperParams {
     /// [`HopperConfig::block_m`] (q) or `block_n` (k, v) rows.
     pub tensor_maps: *const TensorMap,
     /// Query blocks of `block_m` rows per head, tiles (`query_blocks * heads_q *
-    /// batch`, [`hopper_tiles`]) and blocks (the grid's x, at most the
-    /// tiles). Given rather than derived in the kernel, so that the
+    /// batch`) and blocks (the grid's x, at most the tiles). Given rather than derived in the kernel, so that the
     /// producer reads them from the parameters instead of holding them in
     /// its few registers.
     pub query_blocks: u32,
     pub tiles: u32,
     pub blocks: u32,
     /// The heads (of every batch, `heads_q * batch` in all) whose causal
-    /// tiles interleave ([`hopper_causal_section`]): 1 for the other calls.
+    /// tiles interleave, which the host chooses: 1 for the other calls.
     pub section_heads: u32,
     /// The call's tile counter, a zeroed u32 in global memory: a block
     /// past its first tile (its index) takes the next of the call's tiles
@@ -481,54 +440,17 @@ mod tests {
     use std::string::String;
 
     #[test]
-    fn causal_sections_fit_the_l2_and_divide_the_heads() {
-        const MIB: usize = 1 << 20;
-        // d = 128 s = 4096 (2 MiB of K and V a head), 64 heads: 12 fit, 8 divide.
-        assert_eq!(hopper_causal_section(64, 2 * MIB, 25 * MIB), 8);
-        // d = 256 s = 4096 (4 MiB), 32 heads: 6 fit, 4 divide.
-        assert_eq!(hopper_causal_section(32, 4 * MIB, 25 * MIB), 4);
-        // Small heads: all of them; a prime count past the fit: one.
-        assert_eq!(hopper_causal_section(7, 1024, 25 * MIB), 7);
-        assert_eq!(hopper_causal_section(7, 8 * MIB, 25 * MIB), 1);
-        // A head over the budget, no heads, no bytes: never zero.
-        assert_eq!(hopper_causal_section(16, 64 * MIB, 25 * MIB), 1);
-        assert_eq!(hopper_causal_section(0, 2 * MIB, 25 * MIB), 1);
-        assert_eq!(hopper_causal_section(12, 0, 25 * MIB), 12);
-        for heads in 1..200 {
-            let s = hopper_causal_section(heads, 3 * MIB, 25 * MIB) as usize;
-            assert!(heads.is_multiple_of(s) && s <= 8, "{heads} heads: {s}");
-        }
-    }
-
-    #[test]
     fn names_follow_head_dim_dtype_variant_and_tile_rows() {
         for k in HOPPER_KERNELS {
-            // Tiles of other than the long calls' rows are named by them.
+            // Tiles of other rows than the full kernel's (the long calls')
+            // are named by them.
             let rows = k.config.block_m();
-            let tile =
-                if rows == hopper_block_m(k.head_dim, false, usize::MAX) { String::new() } else { format!("_m{rows}") };
+            let full = HOPPER_KERNELS.iter().find(|f| (f.head_dim, f.variant) == (k.head_dim, Variant::Full));
+            let tile = if Some(rows) == full.map(|f| f.config.block_m()) { String::new() } else { format!("_m{rows}") };
             let name = format!("flash_fwd_sm90_d{}_{}_{}{tile}", k.head_dim, k.dtype.name(), k.variant.suffix());
             assert_eq!(k.name, name);
             assert_eq!(hopper_kernel(k.head_dim, k.dtype, k.variant, rows), Some(k));
         }
-    }
-
-    #[test]
-    fn every_tile_height_the_rule_picks_has_a_kernel() {
-        for k in HOPPER_KERNELS {
-            for causal in [false, k.variant != Variant::Full] {
-                for seqlen_k in [0, 1, 1024, 1025, usize::MAX] {
-                    let rows = hopper_block_m(k.head_dim, causal, seqlen_k);
-                    assert!(hopper_kernel(k.head_dim, k.dtype, k.variant, rows).is_some(), "{} {seqlen_k}", k.name);
-                }
-            }
-        }
-        // d = 64's causal calls over at most 1024 keys take 128-row tiles.
-        let rows = |causal, seqlen_k| hopper_block_m(64, causal, seqlen_k);
-        assert_eq!(
-            [rows(true, 1024), rows(true, 1025), rows(false, 1024), hopper_block_m(128, true, 1)],
-            [128, 192, 192, 128]
-        );
     }
 
     #[test]

@@ -7,13 +7,13 @@
 
 use flash_attn_abi::kernels::AttentionKernel;
 
-use crate::call::{Call, Problem};
+use crate::call::{BackwardCall, Call, Problem};
 use crate::error::Result;
 use crate::kvcache::KvCache;
 use crate::launch::{launch, launch_backward};
 use crate::memory::{DeviceView, DeviceViewMut};
 use crate::module::{KernelModule, KernelResources};
-use crate::plan::{plan_backward_for, plan_for, KernelFamily, OutputAddrs, Plan};
+use crate::plan::{plan_backward_for, plan_for, BackwardPlan, CallPlan, KernelFamily, OutputAddrs, Plan};
 use crate::stream::{LaunchStream, StreamOrder};
 use crate::tensor::{Element, Gradients, Tensor, TensorMut};
 use crate::validate::{
@@ -57,8 +57,8 @@ const _: () = {
     shared_across_threads::<FlashAttention>();
     shared_across_threads::<Workspace>();
     shared_across_threads::<SeqOffsets>();
-    shared_across_threads::<crate::CacheSeqlens>();
-    shared_across_threads::<crate::BlockTable>();
+    shared_across_threads::<crate::kvcache::CacheSeqlens>();
+    shared_across_threads::<crate::kvcache::BlockTable>();
 };
 
 impl FlashAttention {
@@ -113,6 +113,143 @@ impl FlashAttention {
     /// ```
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
         self.module.resources()
+    }
+
+    /// What [`forward_into`](Self::forward_into) runs for these arguments
+    /// on this GPU, decided as that call decides it, without launching
+    /// anything or touching the memory: the kernel family, the attention
+    /// kernel and its grid, and every launch in order. Arguments that call
+    /// refuses return its error.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "cudarc")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flash_attn::cudarc::driver::CudaContext;
+    /// use flash_attn::{f16, AttentionParams, Family, FlashAttention, Tensor, TensorMut};
+    ///
+    /// let context = CudaContext::new(0)?;
+    /// let stream = context.default_stream();
+    /// let attention = FlashAttention::new()?;
+    /// let shape = [1, 4096, 16, 128];
+    /// let n = shape.iter().product::<usize>();
+    /// let (q, mut o) = (stream.alloc_zeros::<f16>(n)?, stream.alloc_zeros::<f16>(n)?);
+    /// let mut lse = stream.alloc_zeros::<f32>(shape[0] * shape[2] * shape[1])?;
+    /// let params = AttentionParams { causal: true, ..Default::default() };
+    /// let plan = attention.explain_forward(
+    ///     Tensor::new(&q, shape),
+    ///     Tensor::new(&q, shape),
+    ///     Tensor::new(&q, shape),
+    ///     TensorMut::new(&mut o, shape),
+    ///     &mut lse,
+    ///     &params,
+    /// )?;
+    /// // On an H100: "sm_90a flash_fwd_sm90_d128_f16_causal, grid [132, 1, 1]".
+    /// println!("{plan}");
+    /// assert_eq!(plan.family == Family::Sm90a, attention.uses_sm90a());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "cudarc"))]
+    /// # fn main() {}
+    /// ```
+    pub fn explain_forward<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: impl Into<DeviceViewMut<'a, f32>>,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let lse = lse.into();
+        let o_at = o.placed("o");
+        let outputs = OutputBuffers::Given { o: &o_at, lse_addr: lse.addr, lse_len: lse.len };
+        let call = validate(T::DTYPE, &q.placed("q"), &k.placed("k"), &v.placed("v"), outputs, params)?;
+        Ok(self.plan(&call)?.describe())
+    }
+
+    /// What [`forward_varlen_into`](Self::forward_varlen_into) runs for
+    /// these arguments on this GPU, without launching it ([`Self::explain_forward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn explain_forward_varlen<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: impl Into<DeviceViewMut<'a, f32>>,
+        cu_seqlens_q: &SeqOffsets,
+        cu_seqlens_k: &SeqOffsets,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let lse = lse.into();
+        let (q_at, k_at, v_at, o_at) = (q.placed("q"), k.placed("k"), v.placed("v"), o.placed("o"));
+        let outputs = OutputBuffers::Given { o: &o_at, lse_addr: lse.addr, lse_len: lse.len };
+        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
+        let call = validate_varlen(T::DTYPE, &q_at, &k_at, &v_at, cu_q, cu_k, outputs, params)?;
+        Ok(self.plan(&call)?.describe())
+    }
+
+    /// What [`forward_kvcache_into`](Self::forward_kvcache_into) runs for
+    /// these arguments on this GPU (the append first, if the cache has new
+    /// keys), without launching it or appending ([`Self::explain_forward`]).
+    pub fn explain_forward_kvcache<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        cache: KvCache<'_, T>,
+        o: TensorMut<'_, T>,
+        lse: impl Into<DeviceViewMut<'a, f32>>,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let lse = lse.into();
+        let o_at = o.placed("o");
+        let outputs = OutputBuffers::Given { o: &o_at, lse_addr: lse.addr, lse_len: lse.len };
+        let call = validate_kvcache(T::DTYPE, &q.placed("q"), &cache.args(), outputs, params)?;
+        Ok(self.plan(&call)?.describe())
+    }
+
+    /// What [`backward_into`](Self::backward_into) runs for these arguments
+    /// on this GPU, without launching it: the family and grid of the main
+    /// backward kernel, and every launch ([`Self::explain_forward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn explain_backward<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: Tensor<'_, T>,
+        lse: impl Into<DeviceView<'a, f32>>,
+        d_o: Tensor<'_, T>,
+        gradients: Gradients<'_, T>,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let args = BackwardArgs { q, k, v, o, d_o, gradients };
+        let forward = |q: &_, k: &_, v: &_, outputs: OutputBuffers| validate(T::DTYPE, q, k, v, outputs, params);
+        let call = backward_call(forward, &args, &lse.into(), params)?;
+        Ok(self.plan_backward(&call)?.describe())
+    }
+
+    /// What [`backward_varlen_into`](Self::backward_varlen_into) runs for
+    /// these arguments on this GPU, without launching it ([`Self::explain_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn explain_backward_varlen<'a, T: Element>(
+        &self,
+        q: Tensor<'_, T>,
+        k: Tensor<'_, T>,
+        v: Tensor<'_, T>,
+        o: Tensor<'_, T>,
+        lse: impl Into<DeviceView<'a, f32>>,
+        d_o: Tensor<'_, T>,
+        gradients: Gradients<'_, T>,
+        cu_seqlens_q: &SeqOffsets,
+        cu_seqlens_k: &SeqOffsets,
+        params: &AttentionParams,
+    ) -> Result<CallPlan> {
+        let (cu_q, cu_k) = (cu_seqlens_q.arg(), cu_seqlens_k.arg());
+        let args = BackwardArgs { q, k, v, o, d_o, gradients };
+        let forward = |q: &_, k: &_, v: &_, outputs: OutputBuffers| {
+            validate_varlen(T::DTYPE, q, k, v, cu_q, cu_k, outputs, params)
+        };
+        let call = backward_call(forward, &args, &lse.into(), params)?;
+        Ok(self.plan_backward(&call)?.describe())
     }
 
     /// Attention into caller-provided outputs: `o` with `q`'s shape, and
@@ -341,21 +478,8 @@ impl FlashAttention {
         workspace: &mut Workspace,
         on: crate::stream::sealed::LaunchOn<'_>,
     ) -> Result<Problem> {
+        let call = backward_call(forward, &args, &lse, params)?;
         let BackwardArgs { q, k, v, o, d_o, gradients: Gradients { mut d_q, mut d_k, mut d_v } } = args;
-        let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
-        let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
-        let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
-        let tensors = BackwardTensors {
-            o: &o_at,
-            lse_addr: lse.addr,
-            lse_len: lse.len,
-            d_o: &d_o_at,
-            d_q: &d_q_at,
-            d_k: &d_k_at,
-            d_v: &d_v_at,
-        };
-        let forward = forward(&q_at, &k_at, &v_at, tensors.forward_outputs())?;
-        let call = validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)?;
         let mut order = StreamOrder::new(on);
         order.inputs(&q.memory, &k.memory, &v.memory, params)?;
         order.read("o", &o.memory)?;
@@ -368,16 +492,36 @@ impl FlashAttention {
         let context = self.module.context();
         context.with_current(|| {
             context.check_stream(stream)?;
-            let family = if self.module.has_sm90a() {
-                KernelFamily::Sm90a { sm_count: self.module.sm_count() }
-            } else {
-                KernelFamily::Sm80
+            let plan = self.plan_backward(&call)?;
+            let sm80_main = match &plan {
+                BackwardPlan::Sm80(plan) => Some(plan.kernel),
+                BackwardPlan::Sm90(_) => None,
             };
-            let plan = plan_backward_for(&call, self.module.sm_count(), family)?;
-            self.module.load_backward(plan.kernel)?;
+            self.module.load_backward(sm80_main)?;
             launch_backward(&self.module, &plan, &mut Scratch::Workspace(workspace), stream)?;
             Ok(call.forward.problem)
         })
+    }
+
+    /// The kernel families this GPU runs: the sm_90a kernels beside the
+    /// sm_80 ones where they are loaded.
+    fn family(&self) -> KernelFamily {
+        if self.module.has_sm90a() {
+            KernelFamily::Sm90a { sm_count: self.module.sm_count() }
+        } else {
+            KernelFamily::Sm80
+        }
+    }
+
+    /// The plan of `call` on this GPU. The split heuristic's wave is the
+    /// CTAs of a kernel that the GPU's SMs run at once.
+    fn plan(&self, call: &Call) -> Result<Plan> {
+        plan_for(call, |kernel: &AttentionKernel| self.module.wave(kernel), self.family())
+    }
+
+    /// The plan of the backward `call` on this GPU.
+    fn plan_backward(&self, call: &BackwardCall) -> Result<BackwardPlan> {
+        plan_backward_for(call, self.module.sm_count(), self.family())
     }
 
     /// Plans `call` for this GPU, binds its outputs (`outputs` may allocate
@@ -394,14 +538,7 @@ impl FlashAttention {
         let context = self.module.context();
         context.with_current(|| {
             context.check_stream(stream)?;
-            // The split heuristic's wave is the CTAs of a kernel that the
-            // GPU's SMs run at once.
-            let family = if self.module.has_sm90a() {
-                KernelFamily::Sm90a { sm_count: self.module.sm_count() }
-            } else {
-                KernelFamily::Sm80
-            };
-            let plan = plan_for(call, |kernel: &AttentionKernel| self.module.wave(kernel), family)?;
+            let plan = self.plan(call)?;
             let (addrs, result) = outputs(&plan)?;
             let mut scratch = match workspace {
                 Some(workspace) => Scratch::Workspace(workspace),
@@ -417,4 +554,29 @@ impl FlashAttention {
     pub(crate) fn context(&self) -> &crate::context::ContextRef {
         self.module.context()
     }
+}
+
+/// Validates a backward call: the forward's checks (`forward`, with the
+/// forward's outputs), then the backward's.
+fn backward_call<T: Element>(
+    forward: impl FnOnce(&Placed, &Placed, &Placed, OutputBuffers) -> Result<Call>,
+    args: &BackwardArgs<'_, '_, T>,
+    lse: &DeviceView<'_, f32>,
+    params: &AttentionParams,
+) -> Result<BackwardCall> {
+    let BackwardArgs { q, k, v, o, d_o, gradients: Gradients { d_q, d_k, d_v } } = args;
+    let (q_at, k_at, v_at) = (q.placed("q"), k.placed("k"), v.placed("v"));
+    let (o_at, d_o_at) = (o.placed("o"), d_o.placed("d_o"));
+    let (d_q_at, d_k_at, d_v_at) = (d_q.placed("d_q"), d_k.placed("d_k"), d_v.placed("d_v"));
+    let tensors = BackwardTensors {
+        o: &o_at,
+        lse_addr: lse.addr,
+        lse_len: lse.len,
+        d_o: &d_o_at,
+        d_q: &d_q_at,
+        d_k: &d_k_at,
+        d_v: &d_v_at,
+    };
+    let forward = forward(&q_at, &k_at, &v_at, tensors.forward_outputs())?;
+    validate_backward(forward, &q_at, &k_at, &v_at, &tensors, params)
 }

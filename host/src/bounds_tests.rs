@@ -22,10 +22,13 @@ use proptest::sample::select;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
 use crate::call::Append;
-use crate::module::Kernel;
-use crate::plan::{plan, plan_backward_for, plan_for, BackwardPlan, KernelArgs, KernelFamily, OutputAddrs, Plan};
+use crate::limits::{MAX_ROW_STRIDE, MAX_SEQLEN};
+use crate::plan::{
+    plan, plan_backward_for, plan_for, BackwardPlan, Kernel, KernelArgs, KernelFamily, Launch, OutputAddrs, Plan,
+    Sm80Plan, Sm90Backward, Sm90Plan,
+};
 use crate::validate::tests_support::device_slice;
-use crate::validate::{validate, AttentionParams, Layout, Placed, MAX_ROW_STRIDE, MAX_SEQLEN};
+use crate::validate::{validate, AttentionParams, Layout, Placed};
 use crate::validate::{validate_backward, BackwardTensors};
 use crate::validate::{validate_kvcache, validate_varlen, CacheArgs, OffsetsArg, OutputBuffers, TableArg};
 use crate::{
@@ -212,7 +215,7 @@ fn round_up(n: i128, block: i128) -> i128 {
 /// The attention kernel of a plan, launched with the arguments `a` (its
 /// outputs and scratch bound), then the split-KV merge
 /// (`kernels/src/forward/sm80/`, `kernels/src/combine.rs`).
-fn attention(m: &mut Model, plan: &Plan, a: ForwardParams, names: Names, per_batch_data: bool) {
+fn attention(m: &mut Model, plan: &Sm80Plan, a: ForwardParams, names: Names, per_batch_data: bool) {
     let c = plan.kernel.config;
     let (block_m, block_n, d) = (c.block_m as i128, c.block_n as i128, plan.kernel.head_dim as i128);
     let general = plan.kernel.variant.is_general();
@@ -1187,10 +1190,15 @@ fn call(spec: &Spec) -> Result<Accepted, Error> {
         }
     };
     let call = validated?;
-    let plan = plan(&call, |_| f.wave)?;
+    let plan = match plan(&call, |_| f.wave)? {
+        Plan::Sm80(plan) => plan,
+        Plan::Sm90(plan) => panic!("the sm_80 family planned {}", plan.kernel.name),
+    };
     // On compute capability 9.0 the same call may take an sm_90a kernel.
-    let sm90a = plan_for(&call, |_| f.wave, KernelFamily::Sm90a { sm_count: f.wave })?;
-    let sm90a = sm90a.hopper.is_some().then_some(sm90a);
+    let sm90a = match plan_for(&call, |_| f.wave, KernelFamily::Sm90a { sm_count: f.wave })? {
+        Plan::Sm90(plan) => Some(plan),
+        Plan::Sm80(_) => None,
+    };
     let problem = call.problem;
     // Accepted: the call's buffers, named as the kernels' arguments.
     let names = if cache { Names { k: "k_cache", v: "v_cache" } } else { Names { k: "k", v: "v" } };
@@ -1288,9 +1296,9 @@ fn backward_call(
 /// A call that validation and the plan accepted, as the runtime would
 /// launch it.
 struct Accepted {
-    plan: Plan,
+    plan: Sm80Plan,
     /// The plan on compute capability 9.0, where it takes an sm_90a kernel.
-    sm90a: Option<Plan>,
+    sm90a: Option<Sm90Plan>,
     /// The backward of the call (dense or packed), planned, and its
     /// buffers beside the call's: dO and the gradients.
     backward: Option<(BackwardPlan, Vec<Buffer>)>,
@@ -1372,16 +1380,17 @@ fn check(call: &Accepted, stats: &mut Stats) -> (Vec<String>, HashMap<&'static s
     }
     if let Some((plan, gradients)) = &call.backward {
         stats.backward += 1;
-        stats.deterministic += (plan.args.dq_splits > 0) as usize;
-        stats.backward_sm90a += plan.hopper.is_some() as usize;
+        let rows = plan.rows();
+        stats.deterministic += (rows.args.dq_splits > 0) as usize;
+        stats.backward_sm90a += matches!(plan, BackwardPlan::Sm90(_)) as usize;
         let mut m = Model { buffers: call.buffers.iter().chain(gradients).cloned().collect(), ..Model::default() };
         // Its outputs are the gradients: the forward's o and lse are read.
         for b in m.buffers.iter_mut().filter(|b| matches!(b.name, "o" | "lse")) {
             b.written = false;
         }
         for (name, offset, len) in [
-            ("delta (scratch)", plan.delta, plan.d_q_accum - plan.delta),
-            ("d_q_accum (scratch)", plan.d_q_accum, plan.tensor_maps - plan.d_q_accum),
+            ("delta (scratch)", rows.delta, rows.d_q_accum - rows.delta),
+            ("d_q_accum (scratch)", rows.d_q_accum, rows.end - rows.d_q_accum),
         ] {
             let (addr, len) = (SCRATCH + offset as u64, len / 4);
             m.buffers.push(Buffer { name, addr, len, elem: 4, written: true, scratch: true, values: vec![] });
@@ -1408,22 +1417,21 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
     };
     let n = launches.len();
     let kinds: Vec<Kernel> = launches.iter().map(|l| l.kernel).collect();
-    let main = match &plan.hopper {
-        Some(h) => Kernel::HopperBackward(h.kernel),
-        None => Kernel::Backward(plan.kernel),
+    let (main, head_dim, main_launches) = match plan {
+        BackwardPlan::Sm80(p) => (Kernel::Backward(p.kernel), p.kernel.config.head_dim, p.key_launches as usize),
+        BackwardPlan::Sm90(p) => (Kernel::HopperBackward(p.kernel), p.kernel.head_dim, 1),
     };
-    let expected = (n == plan.key_launches as usize + 2)
-        && (plan.hopper.is_none() || n == 3)
-        && kinds[0] == Kernel::BackwardPrepare(plan.kernel.dtype)
-        && kinds[n - 1] == Kernel::BackwardFinish(plan.kernel.dtype)
+    let rows = plan.rows();
+    let expected = (n == main_launches + 2)
+        && kinds[0] == Kernel::BackwardPrepare(rows.dtype)
+        && kinds[n - 1] == Kernel::BackwardFinish(rows.dtype)
         && kinds[1..n - 1].iter().all(|&k| k == main);
     m.check(expected, || format!("the backward's launches {kinds:?}"));
     let Some(a) = args(0) else { return m.check(false, || "the backward's arguments".into()) };
     let f = a.forward;
-    let c = plan.kernel.config;
-    let (batch, heads, d) = (f.batch as i128, f.heads_q as i128, plan.kernel.head_dim as i128);
+    let (batch, heads, d) = (f.batch as i128, f.heads_q as i128, head_dim as i128);
     let (block_m, block_n) = (BACKWARD_BLOCK_M as i128, BACKWARD_BLOCK_N as i128);
-    m.check(a.head_dim as i128 == d && c.head_dim as i128 == d, || format!("head_dim {} for d={d}", a.head_dim));
+    m.check(a.head_dim as i128 == d, || format!("head_dim {} for d={d}", a.head_dim));
     for (name, ptr) in [
         ("q", f.q as u64),
         ("k", f.k as u64),
@@ -1454,21 +1462,26 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
     // block the main kernel starts at, and every key block taken.
     let splits = a.dq_splits as i128;
     let key_blocks = round_up(f.seqlen_k as i128, block_n) / block_n;
-    let row_grid = plan.row_grid.map(i128::from);
-    let key_grid = plan.key_grid.map(i128::from);
+    let row_grid = rows.grid.map(i128::from);
     m.check(row_grid == [round_up(f.seqlen_q as i128, 16) / 16, heads, batch], || format!("row grid {row_grid:?}"));
-    let grid_x = if splits > 0 { splits } else { key_blocks };
-    m.check(key_grid == [grid_x, heads / (f.heads_per_kv as i128).max(1), batch], || format!("key grid {key_grid:?}"));
-    if let Some(h) = &plan.hopper {
-        hopper_backward(m, plan, h, &launches[1], a);
-    }
-    for (what, x) in [("row grid x", row_grid[0]), ("key grid x", key_grid[0])] {
-        m.fits(what, x, 1..=GRID_X);
+    m.fits("row grid x", row_grid[0], 1..=GRID_X);
+    // The main kernel's grid: the sm_80 kernel's over its key blocks (per
+    // group of `dq_splits` in the deterministic mode), the sm_90a kernel's
+    // checked with its tensor maps.
+    let key_grid = launches[1].grid.map(i128::from);
+    match plan {
+        BackwardPlan::Sm80(p) => {
+            let grid_x = if splits > 0 { splits } else { key_blocks };
+            let expected = [grid_x, heads / (f.heads_per_kv as i128).max(1), batch];
+            m.check(key_grid == expected, || format!("key grid {key_grid:?}"));
+            m.fits("key grid x", key_grid[0], 1..=GRID_X);
+            m.check(p.key_launches as i128 * key_grid[0] >= key_blocks, || "key blocks no launch takes".into());
+        }
+        BackwardPlan::Sm90(p) => hopper_backward(m, p, &launches[1], a),
     }
     m.fits("grid y", heads, 1..=GRID_YZ);
     m.fits("grid z", batch, 1..=GRID_YZ);
     m.fits("heads_per_kv", f.heads_per_kv as i128, 1..=heads);
-    m.check(plan.key_launches as i128 * key_grid[0] >= key_blocks, || "key blocks no launch takes".into());
     for i in 1..n - 1 {
         let Some(launch) = args(i) else { return m.check(false, || format!("launch {i}'s arguments")) };
         let first = launch.first_key_block as i128;
@@ -1556,13 +1569,7 @@ fn backward(m: &mut Model, plan: &BackwardPlan, per_batch_data: bool) {
 /// a dense, non-deterministic call; its grid of 128-key blocks; the tensor
 /// maps it loads q, k, v and dO through (each within its tensor, as the
 /// call's strides say), uploaded inside the scratch.
-fn hopper_backward(
-    m: &mut Model,
-    plan: &BackwardPlan,
-    h: &crate::plan::HopperBackwardLaunch,
-    launch: &crate::plan::Launch,
-    a: BackwardParams,
-) {
+fn hopper_backward(m: &mut Model, h: &Sm90Backward, launch: &Launch, a: BackwardParams) {
     let KernelArgs::HopperBackward(params) = launch.args else {
         return m.check(false, || format!("the sm_90a backward kernel got {:?}", launch.args));
     };
@@ -1570,8 +1577,9 @@ fn hopper_backward(
     m.check(a.dq_splits == 0 && f.cu_seqlens_q.is_null() && f.cu_seqlens_k.is_null(), || {
         "an sm_90a backward of packed sequences or the deterministic mode".into()
     });
-    m.check(params.tensor_maps as u64 == SCRATCH + plan.tensor_maps as u64, || "tensor maps".into());
-    m.check(plan.tensor_maps + size_of::<HopperBackwardScratch>() <= plan.scratch_bytes, || {
+    m.check(params.tensor_maps as u64 == SCRATCH + h.tensor_maps as u64, || "tensor maps".into());
+    m.check(h.tensor_maps >= h.rows.end, || "the tensor maps over the accumulator".into());
+    m.check(h.tensor_maps + size_of::<HopperBackwardScratch>() <= h.scratch_bytes(), || {
         "the tensor maps past the scratch".into()
     });
     let (batch, heads, d) = (f.batch as i128, f.heads_q as i128, h.kernel.head_dim as i128);
@@ -1604,8 +1612,8 @@ fn tensor_maps<const N: usize>(m: &mut Model, maps: &[TensorMapParams; N], names
 /// (each within its tensor, as the call's strides say; boxes past a
 /// tensor's end are zero-filled, reading nothing), the rows of o and the
 /// LSE it writes, the ALiBi slopes it reads.
-fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
-    let h = plan.hopper.as_ref().expect("an sm_90a plan");
+fn hopper(m: &mut Model, plan: &Sm90Plan, outputs: OutputAddrs) {
+    let h = plan;
     let launches = plan.launches(outputs, SCRATCH);
     let [launch] = launches.as_slice() else {
         return m.check(false, || format!("{} launches for one sm_90a kernel", launches.len()));
@@ -1616,17 +1624,15 @@ fn hopper(m: &mut Model, plan: &Plan, outputs: OutputAddrs) {
     let a = params.forward;
     // The uploaded maps and counter, in the scratch; the counter where the
     // plan says.
-    let uploaded = SCRATCH + plan.scratch.hopper as u64;
+    let uploaded = SCRATCH;
     m.check(params.tensor_maps as u64 == uploaded, || "tensor maps".into());
-    m.check(plan.scratch.hopper + size_of::<HopperScratch>() <= plan.scratch.bytes, || {
-        "the sm_90a scratch past the scratch".into()
-    });
+    m.check(size_of::<HopperScratch>() <= plan.scratch_bytes, || "the sm_90a scratch past the scratch".into());
     let counter = uploaded + offset_of!(HopperScratch, tile_counter) as u64;
     m.check(params.tile_counter.is_null() != h.tile_counter, || {
         format!("tile counter {:?} where the plan says {}", params.tile_counter, h.tile_counter)
     });
     m.check(params.tile_counter.is_null() || params.tile_counter as u64 == counter, || "tile counter".into());
-    m.check(a.num_splits == 1 && plan.combine_blocks == 0, || "a split sm_90a plan".into());
+    m.check(a.num_splits == 1, || "a split sm_90a plan".into());
     let (batch, heads, d) = (a.batch as i128, a.heads_q as i128, h.kernel.head_dim as i128);
     let grid = h.grid.map(i128::from);
     m.fits("grid x", grid[0], 1..=GRID_X);

@@ -7,10 +7,6 @@
 use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::AppendParams;
 
-/// The most CTAs the keys of one query block are split among (the bound
-/// of [`Call::num_splits`]).
-pub const MAX_SPLITS: usize = flash_attn_abi::params::MAX_SPLITS as usize;
-
 /// The sizes of a validated problem. For variable-length batches the
 /// sequence lengths are the longest ones; for a KV cache `seqlen_k` is the
 /// longest cached sequence (appended keys included).
@@ -138,17 +134,6 @@ pub struct Call {
     /// The caller's split-KV factor, if any (1..=MAX_SPLITS).
     pub num_splits: Option<usize>,
     pub append: Option<Append>,
-}
-
-impl Call {
-    /// Whether the call needs a general kernel: any mask but none or
-    /// causal, a score modifier, or sequences other than dense.
-    pub fn needs_general(&self) -> bool {
-        matches!(self.mask, Mask::Window { .. })
-            || self.softcap.is_some()
-            || self.alibi.is_some()
-            || self.sequences != Sequences::Dense
-    }
 }
 
 /// A validated backward call: the forward call whose gradients it computes

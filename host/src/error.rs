@@ -80,7 +80,7 @@ impl fmt::Display for Error {
             Error::EmptyTensor { tensor } => write!(f, "{tensor} has a dimension of size 0"),
             Error::ShapeMismatch(msg) => write!(f, "shape mismatch: {msg}"),
             Error::UnsupportedHeadDim(d) => {
-                write!(f, "head_dim {d} is not supported (supported: {:?})", crate::SUPPORTED_HEAD_DIMS)
+                write!(f, "head_dim {d} is not supported (supported: {:?})", crate::limits::SUPPORTED_HEAD_DIMS)
             }
             Error::HeadsNotDivisible { heads_q, heads_kv } => {
                 write!(f, "query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
@@ -101,8 +101,8 @@ impl fmt::Display for Error {
                 f,
                 "{tensor}: the view of shape {shape:?} and strides {strides:?} exceeds the supported sizes \
                  (dimensions of at most {} and a span of at most {} elements)",
-                crate::MAX_DIM,
-                crate::MAX_SPAN
+                crate::limits::MAX_DIM,
+                crate::limits::MAX_SPAN
             ),
             Error::RowStrideTooLarge { tensor, stride, max } => write!(
                 f,

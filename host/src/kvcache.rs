@@ -4,8 +4,9 @@
 //! values in place first.
 
 use crate::context::DeviceArray;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tensor::{Element, Tensor, TensorMut};
+use crate::validate::{check_block_table_shape, check_cache_seqlens, CacheArgs, TableArg};
 
 /// The number of keys already in each batch's cache, validated (each >= 0)
 /// and uploaded. Keeps a host copy, from which the attention calls check
@@ -21,17 +22,6 @@ use crate::tensor::{Element, Tensor, TensorMut};
 pub struct CacheSeqlens {
     host: Vec<i32>,
     device: DeviceArray<i32>,
-}
-
-/// Checks cached sequence lengths: at least one batch, none negative.
-pub fn check_cache_seqlens(seqlens: &[i32]) -> Result<()> {
-    if seqlens.is_empty() {
-        return Err(Error::ShapeMismatch("cache_seqlens is empty: it needs one length per batch".into()));
-    }
-    match seqlens.iter().position(|&n| n < 0) {
-        Some(batch) => Err(Error::NegativeCacheSeqlen { batch, seqlen: seqlens[batch] }),
-        None => Ok(()),
-    }
 }
 
 impl CacheSeqlens {
@@ -71,17 +61,6 @@ pub struct BlockTable {
     host: Vec<i32>,
     device: DeviceArray<i32>,
     pages_per_seq: usize,
-}
-
-/// Checks the shape of a block table of `len` entries, `pages_per_seq` per
-/// batch, and returns its number of batches.
-pub fn check_block_table_shape(len: usize, pages_per_seq: usize) -> Result<usize> {
-    if pages_per_seq == 0 || len == 0 || !len.is_multiple_of(pages_per_seq) {
-        return Err(Error::InvalidBlockTable(format!(
-            "{len} entries are not a whole number (at least 1) of rows of {pages_per_seq} pages"
-        )));
-    }
-    Ok(len / pages_per_seq)
 }
 
 impl BlockTable {
@@ -199,44 +178,24 @@ impl<'a, T: Element> KvCache<'a, T> {
         }
     }
 
-    pub(crate) fn args(&self) -> crate::validate::CacheArgs<'_> {
+    pub(crate) fn args(&self) -> CacheArgs<'_> {
         let (k, v, new) = match &self.tensors {
             CacheTensors::Read { k, v } => (k.placed("k_cache"), v.placed("v_cache"), None),
             CacheTensors::Append { k, v, k_new, v_new } => {
                 (k.placed("k_cache"), v.placed("v_cache"), Some((k_new.placed("k_new"), v_new.placed("v_new"))))
             }
         };
-        crate::validate::CacheArgs {
+        CacheArgs {
             k,
             v,
             new,
             seqlens: &self.cache_seqlens.host,
             seqlens_addr: self.cache_seqlens.device.addr(),
-            block_table: self.block_table.map(|t| crate::validate::TableArg {
+            block_table: self.block_table.map(|t| TableArg {
                 entries: &t.host,
                 pages_per_seq: t.pages_per_seq,
                 addr: t.device.addr(),
             }),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cache_seqlens_must_be_non_negative() {
-        assert!(check_cache_seqlens(&[0, 5, 7]).is_ok());
-        assert_eq!(check_cache_seqlens(&[3, -1]).unwrap_err(), Error::NegativeCacheSeqlen { batch: 1, seqlen: -1 });
-        assert!(matches!(check_cache_seqlens(&[]).unwrap_err(), Error::ShapeMismatch(_)));
-    }
-
-    #[test]
-    fn block_tables_are_whole_rows() {
-        assert_eq!(check_block_table_shape(12, 4).unwrap(), 3);
-        for (len, per_seq) in [(12, 5), (0, 4), (4, 0)] {
-            assert!(matches!(check_block_table_shape(len, per_seq).unwrap_err(), Error::InvalidBlockTable(_)));
         }
     }
 }

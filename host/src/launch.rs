@@ -13,7 +13,9 @@ use crate::plan::{BackwardPlan, KernelArgs, Launch, OutputAddrs, Plan};
 use crate::workspace::Scratch;
 
 /// Launches `plan`'s kernels on `stream` with the outputs at `outputs`,
-/// after reserving its scratch from `scratch` and uploading its lengths.
+/// after reserving its scratch from `scratch` and uploading there what the
+/// plan reads (the sm_80 kernels' cache lengths, the sm_90a kernel's tensor
+/// maps and tile counter).
 pub(crate) fn launch(
     module: &KernelModule,
     plan: &Plan,
@@ -21,29 +23,32 @@ pub(crate) fn launch(
     scratch: &mut Scratch,
     stream: CUstream,
 ) -> Result<()> {
-    let base = if plan.scratch.bytes > 0 { scratch.reserve(plan.scratch.bytes)? } else { 0 };
-    if !plan.upload.is_empty() {
-        upload_async(base + plan.scratch.seqused_k as u64, &plan.upload, stream)?;
-    }
-    if let Some(hopper) = &plan.hopper {
-        let [q, k, v] = hopper.maps.each_ref().map(encode_tensor_map);
-        let uploaded = HopperScratch { tensor_maps: [q?, k?, v?], tile_counter: 0 };
-        upload_async(base + plan.scratch.hopper as u64, &[uploaded], stream)?;
+    let bytes = plan.scratch_bytes();
+    let base = if bytes > 0 { scratch.reserve(bytes)? } else { 0 };
+    match plan {
+        Plan::Sm80(plan) if !plan.upload.is_empty() => {
+            upload_async(base + plan.scratch.seqused_k as u64, &plan.upload, stream)?
+        }
+        Plan::Sm80(_) => {}
+        Plan::Sm90(plan) => {
+            let [q, k, v] = plan.maps.each_ref().map(encode_tensor_map);
+            upload_async(base, &[HopperScratch { tensor_maps: [q?, k?, v?], tile_counter: 0 }], stream)?
+        }
     }
     run_launches(module, &plan.launches(outputs, base), stream)
 }
 
 /// Launches the backward `plan` on `stream`, after reserving its scratch
-/// from `scratch`.
+/// from `scratch` (and writing the sm_90a main kernel's tensor maps there).
 pub(crate) fn launch_backward(
     module: &KernelModule,
     plan: &BackwardPlan,
     scratch: &mut Scratch,
     stream: CUstream,
 ) -> Result<()> {
-    let base = scratch.reserve(plan.scratch_bytes)?;
-    if let Some(hopper) = &plan.hopper {
-        let [q, k, v, d_o] = hopper.maps.each_ref().map(encode_tensor_map);
+    let base = scratch.reserve(plan.scratch_bytes())?;
+    if let BackwardPlan::Sm90(plan) = plan {
+        let [q, k, v, d_o] = plan.maps.each_ref().map(encode_tensor_map);
         let uploaded = HopperBackwardScratch { tensor_maps: [q?, k?, v?, d_o?] };
         upload_async(base + plan.tensor_maps as u64, &[uploaded], stream)?;
     }

@@ -25,6 +25,12 @@
 //! and ALiBi ([`AttentionParams`]), and split-KV for few queries over many
 //! keys ([`num_splits_heuristic`], [`Workspace`]).
 //!
+//! Which kernels a call runs (the family, sm_80 or sm_90a, each kernel's
+//! entry point and grid) is decided on the host before anything launches:
+//! [`FlashAttention::explain_forward`] and its siblings
+//! (`explain_forward_varlen`, `explain_forward_kvcache`, `explain_backward`,
+//! `explain_backward_varlen`) return it as a [`CallPlan`] without launching.
+//!
 //! # Front doors
 //!
 //! One core (validation, planning, launch on device addresses and driver
@@ -119,6 +125,7 @@ mod driver;
 mod error;
 mod kvcache;
 mod launch;
+mod limits;
 mod memory;
 mod module;
 mod plan;
@@ -134,7 +141,7 @@ mod workspace;
 pub use attention::FlashAttention;
 #[cfg(feature = "cust")]
 pub use bindings::cust::{BackwardOutput, Output};
-pub use call::{Problem, MAX_SPLITS};
+pub use call::Problem;
 #[cfg(feature = "cudarc")]
 pub use cudarc;
 #[cfg(feature = "cust")]
@@ -142,23 +149,23 @@ pub use cust;
 pub use driver::CUstream;
 pub use error::{Error, Result};
 pub use flash_attn_abi::backward::{BackwardKernel, BACKWARD_KERNELS};
-use flash_attn_abi::config;
 pub use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
 pub use flash_attn_abi::hopper_backward::{HopperBackwardKernel, HOPPER_BACKWARD_KERNELS};
 pub use flash_attn_abi::kernels::{AttentionKernel, Dtype, ATTENTION_KERNELS};
 pub use half::{bf16, f16};
 #[cfg(feature = "cust")]
 pub use half1;
-pub use kvcache::{check_block_table_shape, check_cache_seqlens, BlockTable, CacheSeqlens, KvCache};
+pub use kvcache::{BlockTable, CacheSeqlens, KvCache};
+pub use limits::{MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN, MAX_SPLITS, SUPPORTED_HEAD_DIMS};
 pub use memory::{DeviceView, DeviceViewMut};
-pub use module::{Kernel, KernelResources, PTX};
-pub use plan::{num_splits_heuristic, MIN_KEY_BLOCKS_PER_SPLIT};
+pub use module::{KernelResources, PTX};
+pub use plan::{num_splits_heuristic, CallPlan, Family, Kernel, PlannedLaunch, MIN_KEY_BLOCKS_PER_SPLIT};
 pub use stream::{LaunchStream, RawStream};
 pub use tensor::{Element, Gradients, Tensor, TensorMut};
 pub use validate::{
-    AttentionParams, Layout, Placed, MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN, SUPPORTED_HEAD_DIMS,
+    check_block_table_shape, check_cache_seqlens, check_seq_offsets, AttentionParams, Layout, OffsetsSummary, Placed,
 };
-pub use varlen::{check_seq_offsets, offsets_from_lengths, OffsetsSummary, SeqOffsets};
+pub use varlen::{offsets_from_lengths, SeqOffsets};
 pub use workspace::Workspace;
 
 /// The stages every call goes through, on host memory descriptions of its
@@ -173,8 +180,9 @@ pub mod pipeline {
     };
     pub use crate::driver::encode_tensor_map;
     pub use crate::plan::{
-        plan, plan_backward, plan_backward_for, plan_for, BackwardPlan, HopperBackwardLaunch, HopperLaunch, KernelArgs,
-        KernelFamily, Launch, OutputAddrs, Plan, ScratchLayout, MAX_DETERMINISTIC_LAUNCHES,
+        plan, plan_backward, plan_backward_for, plan_for, sm90_block_m, BackwardPlan, BackwardRows, KernelArgs,
+        KernelFamily, Launch, OutputAddrs, Plan, ScratchLayout, Sm80Backward, Sm80Plan, Sm90Backward, Sm90Plan,
+        MAX_DETERMINISTIC_LAUNCHES,
     };
     pub use crate::validate::{
         validate, validate_backward, validate_kvcache, validate_varlen, BackwardTensors, CacheArgs, OffsetsArg,

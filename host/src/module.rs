@@ -5,14 +5,15 @@
 use std::ffi::{c_int, CString};
 use std::sync::{Mutex, OnceLock};
 
-use flash_attn_abi::backward::{backward_finish_kernel, backward_prepare_kernel, BackwardKernel, BACKWARD_KERNELS};
-use flash_attn_abi::hopper::{HopperKernel, HOPPER_KERNELS};
-use flash_attn_abi::hopper_backward::{HopperBackwardKernel, HOPPER_BACKWARD_KERNELS};
+use flash_attn_abi::backward::{BackwardKernel, BACKWARD_KERNELS};
+use flash_attn_abi::hopper::HOPPER_KERNELS;
+use flash_attn_abi::hopper_backward::HOPPER_BACKWARD_KERNELS;
 use flash_attn_abi::kernels::{combine_kernel, AttentionKernel, Dtype, APPEND_KERNEL, ATTENTION_KERNELS};
 
 use crate::context::ContextRef;
 use crate::driver::{self, check, driver, CUfunction, CUmodule};
 use crate::error::{Error, Result};
+use crate::plan::Kernel;
 
 /// The kernels' PTX (sm_80), built from `kernels/` by `cargo xtask build-ptx`.
 pub const PTX: &str = include_str!("../kernels.ptx");
@@ -25,43 +26,6 @@ pub const PTX_SM90A: &str = include_str!("../kernels-sm90a.ptx");
 /// The backward kernels' PTX (sm_80, [`BACKWARD_KERNELS`]), loaded at the
 /// first backward call.
 pub const PTX_BACKWARD: &str = include_str!("../kernels-backward.ptx");
-
-/// A kernel of the module, as a plan names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
-    /// A row of the ABI's table of attention kernels.
-    Attention(&'static AttentionKernel),
-    /// A row of the ABI's table of sm_90a kernels.
-    Hopper(&'static HopperKernel),
-    /// A row of the ABI's table of sm_90a main backward kernels.
-    HopperBackward(&'static HopperBackwardKernel),
-    /// The split-KV merge of an element type.
-    Combine(Dtype),
-    /// The KV cache append.
-    Append,
-    /// A row of the ABI's table of main backward kernels.
-    Backward(&'static BackwardKernel),
-    /// The backward's first kernel (delta, the dQ accumulator zeroed) and
-    /// its last (dQ), of an element type.
-    BackwardPrepare(Dtype),
-    BackwardFinish(Dtype),
-}
-
-impl Kernel {
-    /// The PTX entry point.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Attention(kernel) => kernel.name,
-            Kernel::Hopper(kernel) => kernel.name,
-            Kernel::HopperBackward(kernel) => kernel.name,
-            Kernel::Combine(dtype) => combine_kernel(dtype),
-            Kernel::Append => APPEND_KERNEL,
-            Kernel::Backward(kernel) => kernel.name,
-            Kernel::BackwardPrepare(dtype) => backward_prepare_kernel(dtype),
-            Kernel::BackwardFinish(dtype) => backward_finish_kernel(dtype),
-        }
-    }
-}
 
 /// The backward module and its kernels: one per row of
 /// [`BACKWARD_KERNELS`] (none where the row's shared memory is more than
@@ -198,20 +162,21 @@ impl KernelModule {
         get_function(self.module, name)
     }
 
-    /// Loads the backward module into the module's context if no call has
-    /// yet, and checks that `kernel` runs on this GPU: a main kernel whose
-    /// shared memory is more than a block may have here (the 99 KB of
-    /// sm_86/89 at the larger head dims) is
+    /// Loads the backward module (its row kernels serve every backward
+    /// plan) into the module's context if no call has yet, and checks that
+    /// the sm_80 main kernel `main`, if the plan runs one, runs on this
+    /// GPU: a main kernel whose shared memory is more than a block may have
+    /// here (the 99 KB of sm_86/89 at the larger head dims) is
     /// [`Error::SharedMemoryTooSmall`], before anything is launched.
-    pub(crate) fn load_backward(&self, kernel: &BackwardKernel) -> Result<()> {
+    pub(crate) fn load_backward(&self, main: Option<&BackwardKernel>) -> Result<()> {
         self.load_backward_module()?;
-        match self.backward_main(kernel) {
-            Some(_) => Ok(()),
-            None => Err(Error::SharedMemoryTooSmall {
+        match main {
+            Some(kernel) if self.backward_main(kernel).is_none() => Err(Error::SharedMemoryTooSmall {
                 kernel: kernel.name,
                 needs: kernel.config.smem_bytes(),
                 available: self.smem_per_block,
             }),
+            _ => Ok(()),
         }
     }
 

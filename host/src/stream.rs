@@ -93,7 +93,7 @@ impl<'s> StreamOrder<'s> {
     pub(crate) fn read<T>(&mut self, name: &'static str, view: &DeviceView<'s, T>) -> Result<()> {
         #[cfg(feature = "cudarc")]
         if let Some(memory) = view.cudarc {
-            let stream = self.cudarc.ok_or(crate::Error::MixedBindings { tensor: name })?;
+            let stream = self.cudarc.ok_or(crate::error::Error::MixedBindings { tensor: name })?;
             self.guards.push(memory.read_on(stream));
         }
         Ok(())
@@ -127,7 +127,7 @@ impl<'s> StreamOrder<'s> {
     pub(crate) fn write<T>(&mut self, name: &'static str, view: &'s mut DeviceViewMut<'_, T>) -> Result<()> {
         #[cfg(feature = "cudarc")]
         if let Some(memory) = view.cudarc.as_deref_mut() {
-            let stream = self.cudarc.ok_or(crate::Error::MixedBindings { tensor: name })?;
+            let stream = self.cudarc.ok_or(crate::error::Error::MixedBindings { tensor: name })?;
             self.guards.push(memory.write_on(stream));
         }
         Ok(())

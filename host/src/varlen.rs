@@ -4,6 +4,7 @@
 
 use crate::context::DeviceArray;
 use crate::error::{Error, Result};
+use crate::validate::{check_seq_offsets, OffsetsArg};
 
 /// The offsets of packed sequences, validated and uploaded: sequence `b`
 /// is tokens `offsets[b]..offsets[b + 1]`. Keeps a host copy, from which
@@ -23,44 +24,6 @@ pub struct SeqOffsets {
     host: Vec<i32>,
     device: DeviceArray<i32>,
     max_len: usize,
-}
-
-/// What valid offsets describe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OffsetsSummary {
-    /// Number of sequences (offsets minus one).
-    pub batch: usize,
-    /// Tokens of all sequences (the last offset).
-    pub total: usize,
-    /// The longest sequence.
-    pub max_len: usize,
-}
-
-/// Checks that `offsets` locate packed sequences: at least one sequence,
-/// starting at 0, never decreasing (empty sequences are allowed).
-pub fn check_seq_offsets(offsets: &[i32]) -> Result<OffsetsSummary> {
-    if offsets.len() < 2 {
-        return Err(Error::InvalidSeqOffsets(format!(
-            "{} offsets given; at least 2 (one sequence) are needed",
-            offsets.len()
-        )));
-    }
-    if offsets[0] != 0 {
-        return Err(Error::InvalidSeqOffsets(format!("they must start at 0, not {}", offsets[0])));
-    }
-    let mut max_len = 0;
-    for (b, pair) in offsets.windows(2).enumerate() {
-        if pair[1] < pair[0] {
-            return Err(Error::InvalidSeqOffsets(format!(
-                "offset {} ({}) is below offset {b} ({}): offsets must not decrease",
-                b + 1,
-                pair[1],
-                pair[0]
-            )));
-        }
-        max_len = max_len.max((pair[1] - pair[0]) as usize);
-    }
-    Ok(OffsetsSummary { batch: offsets.len() - 1, total: offsets[offsets.len() - 1] as usize, max_len })
 }
 
 /// The offsets of sequences of `lengths` tokens, packed in order.
@@ -113,29 +76,14 @@ impl SeqOffsets {
         &self.host
     }
 
-    pub(crate) fn arg(&self) -> crate::validate::OffsetsArg<'_> {
-        crate::validate::OffsetsArg { host: &self.host, addr: self.device.addr() }
+    pub(crate) fn arg(&self) -> OffsetsArg<'_> {
+        OffsetsArg { host: &self.host, addr: self.device.addr() }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn offsets_start_at_zero_and_never_decrease() {
-        assert_eq!(check_seq_offsets(&[0, 3, 3, 12]).unwrap(), OffsetsSummary { batch: 3, total: 12, max_len: 9 });
-        assert_eq!(check_seq_offsets(&[0, 0]).unwrap(), OffsetsSummary { batch: 1, total: 0, max_len: 0 });
-        let err = |o: &[i32]| match check_seq_offsets(o).unwrap_err() {
-            Error::InvalidSeqOffsets(msg) => msg,
-            e => panic!("{e}"),
-        };
-        assert!(err(&[]).contains("at least 2"));
-        assert!(err(&[0]).contains("at least 2"));
-        assert!(err(&[1, 3]).contains("start at 0"));
-        assert!(err(&[0, 5, 4]).contains("offset 2 (4) is below offset 1 (5)"));
-        assert!(err(&[0, -1]).contains("below"));
-    }
 
     #[test]
     fn offsets_from_lengths_sum_in_order_and_fit_i32() {

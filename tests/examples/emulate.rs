@@ -50,9 +50,10 @@ fn main() -> ExitCode {
         }
     };
     let elapsed = start.elapsed();
-    println!("planned: {}, grid {:?}", plan.kernel.name, plan.grid);
-    if plan.kernel.name != name {
-        eprintln!("FAILED: the plan chose {} for this call, not {name}", plan.kernel.name);
+    let planned = plan.describe();
+    println!("planned: {planned}");
+    if planned.kernel != name {
+        eprintln!("FAILED: the plan chose {} for this call, not {name}", planned.kernel);
         return ExitCode::FAILURE;
     }
     let reference = Reference::new(&q, &k, &v, dtype, &params);

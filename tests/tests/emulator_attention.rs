@@ -14,8 +14,8 @@ use flash_attn::reference::{self, ReferenceProblem};
 use flash_attn::{AttentionKernel, AttentionParams, ATTENTION_KERNELS, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
 use flash_attn_kernels::entry::KERNELS;
+use flash_attn_tests::check::{self, LSE_TOLERANCE};
 use flash_attn_tests::emulator::{self, Dtype, DtypeValues, Memory, Tensor, POISON};
-use flash_attn_tests::LSE_TOLERANCE;
 use proptest::prelude::*;
 
 /// Where a call's sequences come from, and so which validation it takes.
@@ -302,10 +302,10 @@ fn check(case: &Case) -> Plan {
         .unwrap_or_else(|e| panic!("{case:?}: refused: {e}"));
         emulator::run_on(&call, &memory, case.wave, case.family).unwrap_or_else(|e| panic!("{case:?}\n{e}"))
     };
-    let chosen = plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name);
+    let chosen = plan.kernel().name();
     assert_eq!(chosen, case.kernel, "{case:?}: the plan chose {chosen}");
     if let Some(num_splits) = case.num_splits {
-        assert_eq!(plan.args.num_splits as usize, num_splits, "{case:?}: split");
+        assert_eq!(plan.args().num_splits as usize, num_splits, "{case:?}: split");
     }
     if let (Some((k_new, v_new)), Some((k_before, v_before))) = (&new, &before) {
         check_append(case, &key_rows, &cached, [&k, &v], [k_new, v_new], [k_before, v_before]);
@@ -313,7 +313,7 @@ fn check(case: &Case) -> Plan {
 
     // Every sequence against its own reference.
     let scale = 1.0 / (d as f32).sqrt();
-    let (mut diff, mut norm, mut lse_error) = (0.0, 0.0, 0.0f64);
+    let (mut actual_o, mut expected_o, mut lse_error) = (Vec::new(), Vec::new(), 0.0f64);
     let mut written = vec![false; o.data().len()];
     for b in 0..batch {
         let (sq, sk) = (case.seqlens_q[b], case.seqlens_k[b]);
@@ -343,9 +343,8 @@ fn check(case: &Case) -> Plan {
                     written[at] = true;
                     let actual = dtype.to_f64(o.data()[at]);
                     assert!(!actual.is_nan(), "{}: O[{e}] is NaN (never written)", row());
-                    let wanted = expected.o[(i * heads_q + h) * d + e];
-                    diff += (actual - wanted).powi(2);
-                    norm += wanted * wanted;
+                    actual_o.push(actual);
+                    expected_o.push(expected.o[(i * heads_q + h) * d + e]);
                 }
                 let lse_at = if packed { h * total_q + cu_q[b] as usize + i } else { (b * heads_q + h) * max_q + i };
                 let (actual, wanted) = (lse[lse_at], expected.lse[h * sq + i]);
@@ -363,8 +362,7 @@ fn check(case: &Case) -> Plan {
     if let Some(i) = written.iter().zip(o.data()).position(|(&w, &x)| !w && x != POISON) {
         panic!("{case:?}: O element {i}, outside every sequence, was written");
     }
-    let relative = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
-    assert!(relative <= dtype.o_tolerance(), "{case:?}: O relative L2 error {relative:.2e}");
+    check::assert_close(&format!("{case:?}: O"), dtype, &actual_o, &expected_o, d);
     assert!(lse_error <= LSE_TOLERANCE, "{case:?}: LSE error {lse_error:.2e}");
     plan
 }
@@ -726,7 +724,7 @@ fn kv_cache_lengths_paged_and_contiguous() {
         // One query row of 8 heads per KV head: the GQA decode layout, over pages.
         let decode = sibling(table_row(name), Variant::Decode);
         let plan = check(&Case { seqlens_q: vec![1; 3], kernel: decode, causal: true, ..case });
-        assert_eq!((plan.args.seqlen_q, plan.args.heads_q), (8, 1), "{name}: the GQA decode layout");
+        assert_eq!((plan.args().seqlen_q, plan.args().heads_q), (8, 1), "{name}: the GQA decode layout");
     }
 }
 
@@ -772,7 +770,7 @@ fn the_split_heuristic_splits_a_small_grid_over_many_keys() {
     let keys = Keys::Cache { page_size: None, slack: 0, append: 0 };
     let case = Case { wave: 8, ..Case::new("flash_fwd_d64_f16_decode", &[3, 3], &[2300, 700], keys) };
     let plan = check(&case);
-    assert!(plan.args.num_splits > 1, "the heuristic did not split: {}", plan.args.num_splits);
+    assert!(plan.args().num_splits > 1, "the heuristic did not split: {}", plan.args().num_splits);
 }
 
 #[test]

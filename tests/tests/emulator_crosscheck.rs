@@ -18,6 +18,7 @@ use flash_attn_kernels::test_kernels::probe::{self, input, output, LANE_INPUT_WO
 use flash_attn_tests::emulator::{self, Tensor as HostTensor};
 use flash_attn_tests::emulator::{Dtype, DtypeValues};
 use flash_attn_tests::gpu;
+use flash_attn_tests::seed::{drawn_seed, test_rng};
 use flash_attn_tests::TEST_PTX;
 use rand::Rng;
 
@@ -189,7 +190,7 @@ fn primitives_match_the_gpu() {
     let Some((_context, _attention)) = gpu("primitives_match_the_gpu") else { return };
     let module = Module::from_ptx(TEST_PTX, &[]).expect("module");
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng("primitives_match_the_gpu");
     let rounds = 200;
     let (mut exact_mismatch, mut mma_f16, mut mma_bf16) = (Vec::new(), (0f64, 0usize), (0f64, 0usize));
     let (mut ex2_ulps, mut rcp_ulps, mut lg2_err) = (0u32, 0u32, 0f64);
@@ -296,7 +297,7 @@ fn gpu_forward<T: Element + flash_attn::cust::memory::DeviceCopy>(
 #[test]
 fn attention_kernels_match_the_gpu() {
     let Some((_context, attention)) = gpu("attention_kernels_match_the_gpu") else { return };
-    let mut seed = rand::thread_rng().gen::<u64>();
+    let mut seed = drawn_seed("attention_kernels_match_the_gpu");
     for name in
         ["flash_fwd_d64_f16_causal", "flash_fwd_d64_bf16_full", "flash_fwd_d128_f16_full", "flash_fwd_d128_bf16_causal"]
     {
@@ -315,7 +316,7 @@ fn attention_kernels_match_the_gpu() {
             let strides = HostTensor::contiguous_strides(q_shape);
             let (emulated, plan) = emulator::forward(dtype, &q, &k, &v, strides, &params, 0)
                 .unwrap_or_else(|e| panic!("{name}: emulator: {e}"));
-            assert_eq!(plan.kernel.name, name, "the emulator's plan");
+            assert_eq!(plan.kernel().name(), name, "the emulator's plan");
             let (gpu_o, gpu_lse) = match dtype {
                 Dtype::F16 => gpu_forward(&attention, f16::from_bits, |x: f16| x.to_bits(), &q, &k, &v, &params),
                 Dtype::Bf16 => gpu_forward(&attention, bf16::from_bits, |x: bf16| x.to_bits(), &q, &k, &v, &params),

@@ -9,6 +9,7 @@
 //! tensor cores' rounding bound otherwise. Skipped, saying why, without a
 //! GPU of compute capability 9.0.
 
+use flash_attn_tests::seed::test_rng;
 use std::ffi::c_void;
 
 use flash_attn::cust::context::CurrentContext;
@@ -116,7 +117,7 @@ fn sm90_primitives_match_the_gpu() {
     }
     let module = Module::from_ptx(TEST_PTX_SM90A, &[]).expect("sm_90a module");
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng("sm90_primitives_match_the_gpu");
     let rounds = 20;
     let (mut worst, mut identical, mut total) = (0f64, 0usize, 0usize);
     for round in 0..rounds {

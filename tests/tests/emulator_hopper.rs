@@ -9,10 +9,10 @@
 //! [`SM_COUNT`] SMs, so that the persistent blocks each take several tiles
 //! (the ring's stages and the Q barriers' phases carry across tiles).
 
-use flash_attn::pipeline::{validate, KernelFamily, OutputBuffers};
+use flash_attn::pipeline::{sm90_block_m, validate, KernelFamily, OutputBuffers, Plan};
 use flash_attn::reference::{attention_with_alibi, ReferenceProblem};
+use flash_attn::Family;
 use flash_attn::{AttentionParams, HOPPER_KERNELS};
-use flash_attn_abi::hopper::hopper_block_m;
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Dtype, Memory, Output, Reference, Tensor, POISON};
 
@@ -74,7 +74,7 @@ fn check_with(
     let family = KernelFamily::Sm90a { sm_count };
     let (out, plan) = emulator::forward_on(dtype, &q, &k, &v, padded_strides(q_shape), params, 0, family)
         .unwrap_or_else(|e| panic!("{kernel_name}: {e}"));
-    let ran = plan.hopper.map(|h| h.kernel.name);
+    let ran = matches!(plan, Plan::Sm90(_)).then(|| plan.kernel().name());
     assert_eq!(ran, Some(kernel_name), "the plan chose another kernel");
     let case = format!("{kernel_name} b={batch} sq={seqlen_q} sk={seqlen_k} {params:?}");
     let errors =
@@ -88,13 +88,13 @@ fn every_sm90a_kernel_matches_the_reference() {
         // Two query blocks of 128 or 192 rows (the second ends at row 250),
         // keys ending inside a block; causal with more keys than queries
         // (bottom-right). d = 64's causal and general kernels come with two
-        // tile heights (`hopper_block_m`): the causal one of 192 rows over
+        // tile heights (`sm90_block_m`): the causal one of 192 rows over
         // more than 1024 keys, the general one of 128 rows with the causal
         // mask and no window.
         let (d, rows, seed) = (kernel.head_dim, kernel.config.block_m(), 100 + i as u64);
         match kernel.variant {
-            Variant::Causal if rows != hopper_block_m(d, true, 300) => check(kernel.name, 1, 250, 1100, seed),
-            Variant::General if rows != hopper_block_m(d, false, 300) => {
+            Variant::Causal if rows != sm90_block_m(d, true, 300) => check(kernel.name, 1, 250, 1100, seed),
+            Variant::General if rows != sm90_block_m(d, false, 300) => {
                 let params = AttentionParams { causal: true, softcap: Some(10.0), ..Default::default() };
                 check_with(kernel.name, 1, 250, 300, &params, seed, SM_COUNT);
             }
@@ -183,7 +183,7 @@ fn check_alibi(name: &str, batch: usize, seqlen_q: usize, seqlen_k: usize, seed:
         emulator::run_on(&call, &memory, 0, KernelFamily::Sm90a { sm_count: SM_COUNT })
             .unwrap_or_else(|e| panic!("{name}: {e}"))
     };
-    assert_eq!(plan.hopper.map(|h| h.kernel.name), Some(name), "the plan chose another kernel");
+    assert_eq!((plan.family(), plan.kernel().name()), (Family::Sm90a, name), "the plan chose another kernel");
     let scale = 1.0 / (d as f64).sqrt();
     let mut problem = ReferenceProblem::dense(batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, true, scale);
     problem.softcap = Some(8.0);

@@ -4,6 +4,7 @@
 //! on their own streams, and a decode step captured into a CUDA graph
 //! replays as the eager call runs. Skipped, saying why, without a GPU.
 
+use flash_attn_tests::seed::test_rng;
 use std::sync::Arc;
 
 use flash_attn::cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -12,7 +13,7 @@ use flash_attn::{
     TensorMut, Workspace,
 };
 use flash_attn_tests::{check, gpu, launch, random_inputs, Case, HostTensor, Placement};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 /// The GQA, ragged, strided call the doors are compared on (small enough
 /// for every sanitizer: 155k scores).
@@ -61,7 +62,7 @@ fn lse_bits(stream: &Arc<CudaStream>, values: &CudaSlice<f32>) -> Vec<u32> {
 fn cust_cudarc_and_raw_doors_give_the_same_bits() {
     let test = "cust_cudarc_and_raw_doors_give_the_same_bits";
     let Some((_cust_context, cust_attention)) = gpu(test) else { return };
-    let mut rng = rand::rngs::StdRng::from_entropy();
+    let mut rng = test_rng(test);
     let inputs = random_inputs::<flash_attn::half1::f16>(&CASE, &mut rng);
     // The cust door, against the f64 reference.
     let (o_cust, lse_cust) = launch(&cust_attention, &CASE, &inputs);
@@ -182,7 +183,7 @@ fn one_instance_serves_threads_on_their_own_streams() {
     let Some((context, attention)) = cudarc_gpu(test) else { return };
     let shape = [1, 333, 2, 64];
     let n: usize = shape.iter().product();
-    let mut rng = rand::rngs::StdRng::from_entropy();
+    let mut rng = test_rng(test);
     let threads = 4;
     // Per thread: its inputs and the result of one call made here first.
     let work: Vec<(Vec<f16>, Bits)> = (0..threads)
@@ -218,7 +219,7 @@ fn decode_step_replays_from_a_cuda_graph() {
     unsafe { context.disable_event_tracking() };
     let stream = context.new_stream().expect("stream");
     let (batch, capacity, heads_q, heads_kv, d) = (3, 1024, 8, 2, 128);
-    let mut rng = rand::rngs::StdRng::from_entropy();
+    let mut rng = test_rng(test);
     let mut random = |n: usize| -> Vec<f16> { (0..n).map(|_| f16::from_f32(rng.gen_range(-1.0..1.0))).collect() };
     let cache_shape = [batch, capacity, heads_kv, d];
     let cache_len: usize = cache_shape.iter().product();

@@ -15,6 +15,7 @@ use flash_attn::{
     SeqOffsets, Tensor, TensorMut, Workspace,
 };
 use flash_attn_tests::emulator::{self, Memory};
+use flash_attn_tests::seed::test_rng;
 use flash_attn_tests::{
     check_against, computed_scores, download, f16_and_bf16_tests, gather, gpu, left_out_of_this_run, poisoned,
     random_tensor, random_values, sequence_rows, upload, CaseResult, HostTensor, Placement, TestElement,
@@ -188,7 +189,7 @@ fn run_dense<T: TestElement>(test: &str, attention: &FlashAttention, case: &Dens
     if left_out_of_this_run(test, case, computed_scores(case.heads, case.seqlen_q, case.batch * case.seqlen_k)) {
         return;
     }
-    let inputs = dense_inputs::<T>(case, &mut rand::thread_rng());
+    let inputs = dense_inputs::<T>(case, &mut test_rng(test));
     let (o, lse) = launch_dense(attention, case, &inputs, allocate);
     let r = check_dense(case, &inputs, &o, &lse);
     report(test, &format!("{} {case:?}", <T as Element>::NAME), &r);
@@ -296,7 +297,7 @@ fn split_results_are_deterministic() {
     let test = "split_results_are_deterministic";
     let Some((_context, attention)) = gpu(test) else { return };
     let case = dense(2, (1, 5000), (16, 2), 128, Features { causal: true, num_splits: Some(7), ..Default::default() });
-    let inputs = dense_inputs::<f16>(&case, &mut rand::thread_rng());
+    let inputs = dense_inputs::<f16>(&case, &mut test_rng("split_results_are_deterministic"));
     let (o1, lse1) = launch_dense(&attention, &case, &inputs, false);
     let (o2, lse2) = launch_dense(&attention, &case, &inputs, false);
     check_dense(&case, &inputs, &o1, &lse1);
@@ -349,7 +350,7 @@ fn planned_varlen_kernel<T: TestElement>(
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let family = if sm90a { KernelFamily::Sm90a { sm_count: 132 } } else { KernelFamily::Sm80 };
     let plan = plan_for(&call, |_: &AttentionKernel| 1, family).expect("a plan");
-    plan.hopper.map_or(plan.kernel.name, |h| h.kernel.name)
+    plan.kernel().name()
 }
 
 /// Runs a variable-length case (through `forward_varlen` when `allocate`)
@@ -359,7 +360,7 @@ fn run_varlen<T: TestElement>(test: &str, attention: &FlashAttention, case: &Var
     if left_out_of_this_run(test, case, case.heads.0 * case.lengths.iter().map(|(q, k)| q * k).sum::<usize>()) {
         return;
     }
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng(test);
     let (hq, hkv) = case.heads;
     let d = case.head_dim;
     let cu_q = SeqOffsets::from_lengths(&case.lengths.iter().map(|l| l.0).collect::<Vec<_>>()).expect("cu_seqlens_q");
@@ -504,7 +505,7 @@ fn run_cache<T: TestElement>(
         return;
     }
     let (hq, hkv) = case.heads;
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng(test);
     let (d, sq, new) = (case.head_dim, case.seqlen_q, case.seqlen_new);
     let lens = case.cache_seqlens;
     let batch = lens.len();
@@ -532,7 +533,7 @@ fn run_cache<T: TestElement>(
             table[b * pages_per_seq + j / page_size] as usize * page_size + j % page_size
         }
     };
-    let fill = |rng: &mut rand::rngs::ThreadRng| {
+    let fill = |rng: &mut rand::rngs::StdRng| {
         let mut cache: Vec<T> = match case.stale {
             Stale::Random => random_values::<T>(rng, slots * row).0,
             Stale::Nan => vec![T::from_bits(T::POISON); slots * row],

@@ -3,6 +3,7 @@
 //! every head dim and strided layouts. Skipped, saying why, without a GPU.
 
 use flash_attn::half1::{bf16, f16};
+use flash_attn_tests::seed::test_rng;
 use flash_attn_tests::{f16_and_bf16_tests, gpu, left_out_of_this_run, run_case, Case, Placement, TestElement};
 
 /// (seqlen_q, seqlen_k) pairs: ragged tails around the 64-row tiles, both
@@ -67,7 +68,7 @@ fn run_cases<T: TestElement>(
     head_dim: usize,
     keep: impl Fn(usize) -> bool,
 ) {
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng(test);
     for causal in [false, true] {
         let cases = matrix(head_dim, causal).into_iter().enumerate().filter(|(i, _)| keep(*i));
         for (_, case) in cases {
@@ -123,7 +124,7 @@ fn repeated_runs_agree() {
         softmax_scale: None,
         placement: Placement::Contiguous,
     };
-    flash_attn_tests::assert_deterministic::<f16>(&attention, &case, &mut rand::thread_rng());
+    flash_attn_tests::assert_deterministic::<f16>(&attention, &case, &mut test_rng("repeated_runs_agree"));
     println!("repeated_runs_agree: ok");
 }
 
@@ -156,7 +157,7 @@ fn memcheck_ragged_causal_gqa() {
     let Some((_context, attention)) = gpu("memcheck_ragged_causal_gqa") else {
         return;
     };
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng("memcheck_ragged_causal_gqa");
     for head_dim in [64, 128] {
         for (seqlen_q, seqlen_k) in [(77, 131), (131, 77)] {
             let case = Case {

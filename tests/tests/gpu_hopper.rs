@@ -10,14 +10,14 @@
 
 use flash_attn::cust::context::CurrentContext;
 use flash_attn::cust::device::DeviceAttribute;
-use flash_attn::pipeline::{plan_for, validate, KernelFamily, OutputBuffers};
-use flash_attn::{AttentionKernel, Element, FlashAttention, HOPPER_KERNELS};
-use flash_attn_abi::hopper::hopper_block_m;
+use flash_attn::pipeline::{plan_for, sm90_block_m, validate, KernelFamily, OutputBuffers, Plan};
+use flash_attn::{AttentionKernel, Element, Family, FlashAttention, HOPPER_KERNELS};
 use flash_attn_abi::kernels::Variant;
 use flash_attn_tests::emulator::{self, Memory};
+use flash_attn_tests::seed::test_rng;
 use flash_attn_tests::{
-    check_with, f16_and_bf16_tests, gpu, launch_with, left_out_of_this_run, random_inputs, skipped, Case, Modifiers,
-    Placement, TestElement,
+    check_with, f16_and_bf16_tests, gpu, launch_explained, left_out_of_this_run, random_inputs, skipped, Case,
+    Modifiers, Placement, TestElement,
 };
 
 /// The kernel the host plans for `case` on compute capability 9.0, and the
@@ -39,7 +39,10 @@ fn planned_kernel<T: TestElement>(case: &Case, modifiers: Modifiers) -> (String,
     let call = validate(dtype, &q, &k, &v, OutputBuffers::Given { o: &o, lse_addr, lse_len }, &case.params(modifiers))
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let plan = plan_for(&call, |_: &AttentionKernel| 1, KernelFamily::Sm90a { sm_count: 132 }).expect("a plan");
-    plan.hopper.map_or((plan.kernel.name.to_string(), 1), |h| (h.kernel.name.to_string(), h.section_heads))
+    match plan {
+        Plan::Sm90(plan) => (plan.kernel.name.to_string(), plan.section_heads),
+        Plan::Sm80(plan) => (plan.kernel.name.to_string(), 1),
+    }
 }
 
 /// A causal case whose 16 heads (of both batches) take two sections of 8
@@ -110,14 +113,14 @@ fn run<T: TestElement>(test: &str) {
     assert!(attention.uses_sm90a(), "compute capability 9.0, but the sm_90a kernels were not loaded");
     let portable = FlashAttention::portable().expect("the sm_80 kernels");
     assert!(!portable.uses_sm90a());
-    let mut rng = rand::thread_rng();
+    let mut rng = test_rng(test);
     let dtype = <T as Element>::DTYPE;
     for kernel in HOPPER_KERNELS.iter().filter(|k| k.dtype == dtype) {
         let (d, rows) = (kernel.head_dim, kernel.config.block_m());
         let general = kernel.variant == Variant::General;
         // d = 64's causal and general kernels come with two tile heights:
         // 128 rows for causal calls over at most 1024 keys, else 192.
-        let short_causal = rows != hopper_block_m(d, false, usize::MAX);
+        let short_causal = rows != sm90_block_m(d, false, usize::MAX);
         let cases: Vec<_> = cases(d as usize, kernel.variant == Variant::Causal)
             .into_iter()
             .enumerate()
@@ -135,7 +138,7 @@ fn run<T: TestElement>(test: &str) {
             })
             .filter(|(case, modifiers)| {
                 let causal_mask = case.causal && modifiers.window == (None, None);
-                hopper_block_m(d, causal_mask, case.seqlen_k) == rows
+                sm90_block_m(d, causal_mask, case.seqlen_k) == rows
             })
             .collect();
         assert!(cases.len() >= 2, "{}: {} cases", kernel.name, cases.len());
@@ -149,9 +152,16 @@ fn run<T: TestElement>(test: &str) {
                 continue;
             }
             let inputs = random_inputs::<T>(&case, &mut rng);
-            let (o, lse) = launch_with(&attention, &case, modifiers, &inputs);
+            // explain_forward, on the call's own buffers, names the kernel
+            // the planner chose: the sm_90a one, and an sm_80 one on the
+            // portable kernels.
+            let (explained, o, lse) = launch_explained(&attention, &case, modifiers, &inputs);
+            assert_eq!((explained.family, explained.kernel), (Family::Sm90a, kernel.name), "{case:?}: explained");
+            assert_eq!(explained.launches.len(), 1, "{case:?}: {explained}");
             let ours = check_with(&case, modifiers, &inputs, &o, &lse);
-            let (o80, lse80) = launch_with(&portable, &case, modifiers, &inputs);
+            let (explained80, o80, lse80) = launch_explained(&portable, &case, modifiers, &inputs);
+            assert_eq!(explained80.family, Family::Sm80, "{case:?}: {explained80}");
+            assert!(explained80.kernel.starts_with(&format!("flash_fwd_d{d}_")), "{case:?}: {explained80}");
             let theirs = check_with(&case, modifiers, &inputs, &o80, &lse80);
             println!(
                 "{test}: ok {} sq={} sk={} heads={}:{} {:?} {modifiers:?}: O rel err {:.2e} (sm_80 {:.2e}), LSE max err {:.2e} (sm_80 {:.2e})",

@@ -10,12 +10,13 @@ use crate::call::{Call, Problem};
 use crate::context::ContextRef;
 use crate::error::{Error, Result};
 use crate::kvcache::KvCache;
+use crate::limits::MAX_SPAN;
 use crate::memory::{DeviceView, DeviceViewMut};
 use crate::plan::OutputAddrs;
 use crate::stream::sealed::{LaunchOn, Sealed};
 use crate::stream::StreamOrder;
 use crate::tensor::{Element, Gradients, Tensor, TensorMut};
-use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, Layout, OutputBuffers, MAX_SPAN};
+use crate::validate::{validate, validate_kvcache, validate_varlen, AttentionParams, Layout, OutputBuffers};
 use crate::varlen::SeqOffsets;
 use crate::workspace::Workspace;
 

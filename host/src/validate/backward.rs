@@ -38,7 +38,8 @@ impl BackwardTensors<'_> {
 /// (whose `deterministic` the backward takes): a head dim
 /// with backward kernels, dO of q's shape, dQ of q's shape and dK, dV of
 /// k's shape with distinct elements, overlapping neither each other nor
-/// anything the call reads (q, k, v, o, lse, dO, the ALiBi slopes).
+/// anything the call reads (q, k, v, o, lse, dO, the ALiBi slopes, the
+/// sequence offsets).
 pub fn validate_backward(
     forward: Call,
     q: &Placed,
@@ -77,6 +78,10 @@ pub fn validate_backward(
         let slopes = if alibi.batch_stride == 0 { p.heads_q } else { p.batch * p.heads_q };
         read.push(bytes("alibi_slopes", alibi.addr, slopes, 4));
     }
+    if let Sequences::Packed { cu_seqlens_q, cu_seqlens_k, .. } = forward.sequences {
+        read.push(bytes("cu_seqlens_q", cu_seqlens_q, p.batch + 1, 4));
+        read.push(bytes("cu_seqlens_k", cu_seqlens_k, p.batch + 1, 4));
+    }
     check_aliasing(&[d_q, d_k, d_v].map(tensor_bytes), &read)?;
     // The lse values the kernels index: dense [batch, heads_q, seqlen_q],
     // packed [heads_q, total_q] (a batch stride of 0).
@@ -96,10 +101,9 @@ pub fn validate_backward(
 #[cfg(test)]
 mod tests {
     use super::super::tests_support::contiguous_tensor;
-    use super::super::validate;
+    use super::super::{validate, validate_varlen, OffsetsArg};
     use super::*;
-    use crate::plan::{plan_backward, KernelArgs};
-    use crate::Kernel;
+    use crate::plan::{plan_backward, BackwardPlan, Kernel, KernelArgs, Sm80Backward};
     use flash_attn_abi::kernels::Dtype;
 
     const MIB: u64 = 1 << 20;
@@ -119,6 +123,14 @@ mod tests {
     }
 
     const LSE: u64 = 64 * MIB;
+
+    /// The backward plan of `call` for a GPU of `sm_count` SMs of the sm_80 family.
+    fn sm80(call: &BackwardCall, sm_count: usize) -> Sm80Backward {
+        match plan_backward(call, sm_count).unwrap() {
+            BackwardPlan::Sm80(plan) => plan,
+            BackwardPlan::Sm90(plan) => panic!("the sm_80 family planned {}", plan.kernel.name),
+        }
+    }
 
     impl Backward {
         fn new(head_dim: usize) -> Self {
@@ -156,12 +168,12 @@ mod tests {
     fn a_valid_call_plans_three_launches_on_one_argument_block() {
         let call = Backward::new(128).run().expect("a valid call");
         assert_eq!(call.lse_rows, 2 * 8 * 100);
-        let plan = plan_backward(&call, 132).unwrap();
+        let plan = sm80(&call, 132);
         assert_eq!(plan.kernel.name, "flash_bwd_d128_bf16");
-        assert_eq!((plan.row_grid, plan.key_grid), ([7, 8, 2], [1, 2, 2]));
+        assert_eq!((plan.rows.grid, plan.grid), ([7, 8, 2], [1, 2, 2]));
         // delta: 1600 f32 rounded to 256 bytes, then the accumulator.
-        assert_eq!((plan.delta, plan.d_q_accum), (0, 6400_usize.next_multiple_of(256)));
-        assert_eq!(plan.scratch_bytes, plan.d_q_accum + 1600 * 128 * 4);
+        assert_eq!((plan.rows.delta, plan.rows.d_q_accum), (0, 6400_usize.next_multiple_of(256)));
+        assert_eq!(plan.scratch_bytes(), plan.rows.d_q_accum + 1600 * 128 * 4);
         let launches = plan.launches(1 << 40);
         assert_eq!(launches.len(), 3);
         let kernels: Vec<Kernel> = launches.iter().map(|l| l.kernel).collect();
@@ -171,7 +183,7 @@ mod tests {
             (Kernel::BackwardPrepare(Dtype::Bf16), Kernel::BackwardFinish(Dtype::Bf16))
         );
         let KernelArgs::Backward(args) = launches[1].args else { panic!("backward arguments") };
-        assert_eq!((args.delta as u64, args.d_q_accum as u64), (1 << 40, (1 << 40) + plan.d_q_accum as u64));
+        assert_eq!((args.delta as u64, args.d_q_accum as u64), (1 << 40, (1 << 40) + plan.rows.d_q_accum as u64));
         assert_eq!((args.forward.o as u64, args.forward.lse as u64), (48 * MIB, LSE));
         assert_eq!(
             (args.d_o as u64, args.d_q as u64, args.d_k as u64, args.d_v as u64),
@@ -187,14 +199,14 @@ mod tests {
         call.deterministic = true;
         // 2 x 132 SMs over 2 heads x 2 batches: 66 splits, but only one key
         // block (37 keys): one split.
-        let plan = plan_backward(&call, 132).unwrap();
-        assert_eq!((plan.args.dq_splits, plan.key_grid), (1, [1, 2, 2]));
+        let plan = sm80(&call, 132);
+        assert_eq!((plan.rows.args.dq_splits, plan.grid), (1, [1, 2, 2]));
         // Many keys on a small GPU: 2 x 4 SMs over 4 blocks of each column.
         call.forward.problem.seqlen_k = 1000;
-        let plan = plan_backward(&call, 4).unwrap();
-        assert_eq!((plan.args.dq_splits, plan.key_grid, plan.key_launches), (2, [2, 2, 2], 8));
-        assert_eq!(plan.args.d_q_accum_split_stride, 1600 * 64);
-        assert_eq!(plan.scratch_bytes, plan.d_q_accum + 2 * 1600 * 64 * 4);
+        let plan = sm80(&call, 4);
+        assert_eq!((plan.rows.args.dq_splits, plan.grid, plan.key_launches), (2, [2, 2, 2], 8));
+        assert_eq!(plan.rows.args.d_q_accum_split_stride, 1600 * 64);
+        assert_eq!(plan.scratch_bytes(), plan.rows.d_q_accum + 2 * 1600 * 64 * 4);
         // Prepare, eight launches of two key blocks each, finish.
         let launches = plan.launches(0);
         assert_eq!(launches.len(), 10);
@@ -214,14 +226,14 @@ mod tests {
         ));
         call.forward.problem.seqlen_k = 1000;
         call.deterministic = false;
-        let plan = plan_backward(&call, 4).unwrap();
-        assert_eq!((plan.args.dq_splits, plan.key_grid, plan.key_launches), (0, [16, 2, 2], 1));
-        assert_eq!(plan.scratch_bytes, plan.d_q_accum + 1600 * 64 * 4);
+        let plan = sm80(&call, 4);
+        assert_eq!((plan.rows.args.dq_splits, plan.grid, plan.key_launches), (0, [16, 2, 2], 1));
+        assert_eq!(plan.scratch_bytes(), plan.rows.d_q_accum + 1600 * 64 * 4);
     }
 
     #[test]
     fn every_head_dim_of_the_forward_has_a_backward() {
-        for d in super::super::SUPPORTED_HEAD_DIMS {
+        for d in crate::limits::SUPPORTED_HEAD_DIMS {
             assert!(backward_config(d).is_some(), "d={d}");
             let result = Backward::new(d as usize).run();
             assert!(result.is_ok(), "d={d}: {result:?}");
@@ -250,6 +262,30 @@ mod tests {
         let mut call = Backward::new(64);
         call.d_v.addr = call.d_k.addr;
         assert_eq!(call.run().unwrap_err(), Error::Aliasing { output: "d_k", other: "d_v" });
+    }
+
+    #[test]
+    fn gradients_over_the_sequence_offsets_are_refused() {
+        // Packed sequences of 60 and 40 queries over 20 and 17 keys.
+        let (q, kv) = ([1, 100, 8, 64], [1, 37, 2, 64]);
+        let t = |name, shape, mib| contiguous_tensor(name, shape, mib * MIB);
+        let (q_t, k_t, v_t, o_t, d_o) = (t("q", q, 0), t("k", kv, 16), t("v", kv, 32), t("o", q, 48), t("d_o", q, 80));
+        let (d_k, d_v) = (t("d_k", kv, 112), t("d_v", kv, 128));
+        let (cu_q, cu_k) = ([0, 60, 100], [0, 20, 37]);
+        let run = |d_q_addr| {
+            let d_q = contiguous_tensor("d_q", q, d_q_addr);
+            let tensors =
+                BackwardTensors { o: &o_t, lse_addr: LSE, lse_len: 800, d_o: &d_o, d_q: &d_q, d_k: &d_k, d_v: &d_v };
+            let params = AttentionParams::default();
+            let (cu_q, cu_k) =
+                (OffsetsArg { host: &cu_q, addr: 144 * MIB }, OffsetsArg { host: &cu_k, addr: 145 * MIB });
+            let forward =
+                validate_varlen(Dtype::F16, &q_t, &k_t, &v_t, cu_q, cu_k, tensors.forward_outputs(), &params)?;
+            validate_backward(forward, &q_t, &k_t, &v_t, &tensors, &params)
+        };
+        assert!(run(96 * MIB).is_ok());
+        assert_eq!(run(144 * MIB - 64).unwrap_err(), Error::Aliasing { output: "d_q", other: "cu_seqlens_q" });
+        assert_eq!(run(145 * MIB - 64).unwrap_err(), Error::Aliasing { output: "d_q", other: "cu_seqlens_k" });
     }
 
     #[test]

@@ -6,13 +6,12 @@ use flash_attn_abi::kernels::Dtype;
 use flash_attn_abi::params::AppendParams;
 
 use super::{
-    bytes, check_aliasing, check_distinct_elements, check_outputs, check_problem, check_row_stride, check_tensor,
-    features, mask, softmax_scale, tensor_at, tensor_bytes, too_large, AttentionParams, OutputBuffers, Placed,
-    MAX_SEQLEN,
+    bytes, call, check_aliasing, check_distinct_elements, check_outputs, check_problem, check_row_stride, check_tensor,
+    tensor_at, tensor_bytes, too_large, AttentionParams, Checked, OutputBuffers, Placed,
 };
 use crate::call::{Append, CacheLengths, Call, LseLayout, Pages, Problem, Sequences};
 use crate::error::{Error, Result};
-use crate::kvcache::{check_block_table_shape, check_cache_seqlens};
+use crate::limits::MAX_SEQLEN;
 
 /// A block table as validation sees it.
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +31,28 @@ pub struct CacheArgs<'a> {
     pub seqlens: &'a [i32],
     pub seqlens_addr: u64,
     pub block_table: Option<TableArg<'a>>,
+}
+
+/// Checks cached sequence lengths: at least one batch, none negative.
+pub fn check_cache_seqlens(seqlens: &[i32]) -> Result<()> {
+    if seqlens.is_empty() {
+        return Err(Error::ShapeMismatch("cache_seqlens is empty: it needs one length per batch".into()));
+    }
+    match seqlens.iter().position(|&n| n < 0) {
+        Some(batch) => Err(Error::NegativeCacheSeqlen { batch, seqlen: seqlens[batch] }),
+        None => Ok(()),
+    }
+}
+
+/// Checks the shape of a block table of `len` entries, `pages_per_seq` per
+/// batch, and returns its number of batches.
+pub fn check_block_table_shape(len: usize, pages_per_seq: usize) -> Result<usize> {
+    if pages_per_seq == 0 || len == 0 || !len.is_multiple_of(pages_per_seq) {
+        return Err(Error::InvalidBlockTable(format!(
+            "{len} entries are not a whole number (at least 1) of rows of {pages_per_seq} pages"
+        )));
+    }
+    Ok(len / pages_per_seq)
 }
 
 /// The rows of one page that one entry of a block table covers in a call:
@@ -201,10 +222,8 @@ pub fn validate_kvcache(
     check_aliasing(&cache_written, &inputs)?;
     inputs.extend(cache_written.iter().cloned());
     let lse_rows = batch.checked_mul(heads_q).and_then(|n| n.checked_mul(seqlen_q));
-    let (o_strides, outputs, mut written) = check_outputs(q, outputs, lse_rows, "batch * heads_q * seqlen_q", &inputs)?;
-    written.extend(cache_written);
-    let scale = softmax_scale(params, head_dim)?;
-    let (softcap, alibi, num_splits) = features(params, batch, heads_q, scale, &written)?;
+    let mut outputs = check_outputs(q, outputs, lse_rows, "batch * heads_q * seqlen_q", &inputs)?;
+    outputs.written.extend(cache_written);
     let pages = cache.block_table.map(|table| Pages {
         table: table.addr,
         pages_per_seq: table.pages_per_seq as u32,
@@ -232,29 +251,24 @@ pub fn validate_kvcache(
     // lengths, or the new ones, uploaded at launch.
     let lengths =
         if cache.new.is_some() { CacheLengths::Upload(seqused_k) } else { CacheLengths::Device(cache.seqlens_addr) };
-    Ok(Call {
+    let checked = Checked {
         dtype,
         problem,
-        q: tensor_at(q),
-        k: tensor_at(k),
-        v: tensor_at(v),
-        o_strides,
-        lse: LseLayout { batch_stride: (heads_q * seqlen_q) as i64, head_stride: seqlen_q as i64 },
+        qkv: [q, k, v].map(tensor_at),
         outputs,
-        scale,
-        mask: mask(params)?,
-        softcap,
-        alibi,
+        lse: LseLayout { batch_stride: (heads_q * seqlen_q) as i64, head_stride: seqlen_q as i64 },
         sequences: Sequences::Cache { lengths, pages },
-        num_splits,
         append,
-    })
+    };
+    call(checked, params)
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{MAX_DIM, MAX_ROW_STRIDE};
     use crate::validate::tests_support::{contiguous_tensor, device_slice, lowered_call, set_row_stride, Lowered};
-    use crate::validate::{Layout, MAX_DIM, MAX_ROW_STRIDE};
+    use crate::validate::Layout;
 
     const MIB: u64 = 1 << 20;
 
@@ -587,5 +601,20 @@ mod tests {
         let mut call = Call::dense();
         call.params.num_splits = Some(0);
         assert_eq!(call.run().unwrap_err(), Error::InvalidNumSplits { num_splits: 0, max: 128 });
+    }
+
+    #[test]
+    fn cache_seqlens_must_be_non_negative() {
+        assert!(check_cache_seqlens(&[0, 5, 7]).is_ok());
+        assert_eq!(check_cache_seqlens(&[3, -1]).unwrap_err(), Error::NegativeCacheSeqlen { batch: 1, seqlen: -1 });
+        assert!(matches!(check_cache_seqlens(&[]).unwrap_err(), Error::ShapeMismatch(_)));
+    }
+
+    #[test]
+    fn block_tables_are_whole_rows() {
+        assert_eq!(check_block_table_shape(12, 4).unwrap(), 3);
+        for (len, per_seq) in [(12, 5), (0, 4), (4, 0)] {
+            assert!(matches!(check_block_table_shape(len, per_seq).unwrap_err(), Error::InvalidBlockTable(_)));
+        }
     }
 }

@@ -5,9 +5,11 @@ use std::ops::Range;
 
 use flash_attn_abi::kernels::Dtype;
 
-use crate::call::{Alibi, Call, LseLayout, Mask, Outputs, Problem, Sequences, TensorAt, MAX_SPLITS};
-use crate::config::{self, TileConfig};
+use flash_attn_abi::config::{self, TileConfig};
+
+use crate::call::{Alibi, Append, Call, LseLayout, Mask, Outputs, Problem, Sequences, TensorAt};
 use crate::error::{Error, Result};
+use crate::limits::{MAX_DIM, MAX_GRID_YZ, MAX_ROW_STRIDE, MAX_SEQLEN, MAX_SPAN, MAX_SPLITS};
 use crate::memory::DeviceView;
 
 mod backward;
@@ -15,8 +17,8 @@ mod kvcache;
 mod varlen;
 
 pub use backward::{validate_backward, BackwardTensors};
-pub use kvcache::{validate_kvcache, CacheArgs, TableArg};
-pub use varlen::{validate_varlen, OffsetsArg};
+pub use kvcache::{check_block_table_shape, check_cache_seqlens, validate_kvcache, CacheArgs, TableArg};
+pub use varlen::{check_seq_offsets, validate_varlen, OffsetsArg, OffsetsSummary};
 
 /// Shape and strides (in elements) of a `[batch, seqlen, heads, head_dim]` tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +130,7 @@ pub struct AttentionParams<'a> {
     /// Split-KV: how many CTAs share the keys of each query block (their
     /// partial results are then merged by a second kernel). `None` lets
     /// [`num_splits_heuristic`](crate::num_splits_heuristic) choose;
-    /// `Some(1)` never splits. At most [`MAX_SPLITS`](crate::MAX_SPLITS).
+    /// `Some(1)` never splits. At most [`MAX_SPLITS`](crate::limits::MAX_SPLITS).
     pub num_splits: Option<usize>,
     /// Backward only: dQ summed in a fixed order, so that the same inputs
     /// give bitwise the same gradients (dK and dV always are). It takes
@@ -141,31 +143,10 @@ pub struct AttentionParams<'a> {
     pub deterministic: bool,
 }
 
-/// The head dims that have kernels: every multiple of 32 from 32 to 256.
-pub const SUPPORTED_HEAD_DIMS: [u32; 8] = config::HEAD_DIMS;
-
 /// The tile config of the kernels for `head_dim`.
 pub fn tile_config(head_dim: usize) -> Result<TileConfig> {
     u32::try_from(head_dim).ok().and_then(config::tile_config).ok_or(Error::UnsupportedHeadDim(head_dim))
 }
-
-/// Largest sequence length: the kernels' masks compute i32 positions of
-/// query rows and keys up to a tile past the end of a sequence, and their
-/// differences, so the lengths stay a tile below 2^31.
-pub const MAX_SEQLEN: usize = (1 << 31) - config::MAX_TILE_ROWS as usize;
-/// Largest dimension of any tensor: the kernels index sequences, heads and
-/// pages with 32-bit integers ([`MAX_SEQLEN`], [`MAX_GRID_YZ`] and the i32
-/// block table say more for each).
-pub const MAX_DIM: usize = i32::MAX as usize;
-/// Largest span of a view, in elements: the kernels' 64-bit offsets in
-/// bytes of 16-bit elements.
-pub const MAX_SPAN: usize = isize::MAX as usize / 2;
-/// Largest batch and number of query heads (grid z and y).
-pub const MAX_GRID_YZ: usize = 65_535;
-/// Largest seqlen (row) stride, in elements, of q, k, v and o (of a page,
-/// for a paged KV cache): the kernels compute row offsets within a tile in
-/// 32 bits. 2^23, e.g. 32768 heads of head_dim 256 in one row.
-pub const MAX_ROW_STRIDE: usize = config::MAX_ROW_STRIDE as usize;
 
 pub(crate) fn check_tensor(t: &Placed) -> Result<()> {
     if t.layout.shape.contains(&0) {
@@ -304,7 +285,7 @@ pub(crate) fn check_outputs(
     lse_rows: Option<usize>,
     what: &str,
     inputs: &[Bytes],
-) -> Result<([i64; 3], Outputs, Vec<Bytes>)> {
+) -> Result<CheckedOutputs> {
     let lse_rows = lse_rows.ok_or(Error::TooLarge { what: "lse rows", value: usize::MAX, max: MAX_SPAN })?;
     too_large("lse rows", lse_rows, MAX_SPAN)?;
     match outputs {
@@ -316,7 +297,7 @@ pub(crate) fn check_outputs(
             let written = vec![tensor_bytes(o), bytes("lse", lse_addr, lse_len, 4)];
             check_aliasing(&written, inputs)?;
             let o_at = tensor_at(o);
-            Ok((o_at.strides, Outputs::Given { o: o_at, lse: lse_addr }, written))
+            Ok(CheckedOutputs { o_strides: o_at.strides, outputs: Outputs::Given { o: o_at, lse: lse_addr }, written })
         }
         OutputBuffers::Allocate => {
             let layout = Layout::contiguous(q.layout.shape);
@@ -325,7 +306,7 @@ pub(crate) fn check_outputs(
                 return Err(Error::TensorTooLarge { tensor: "o", shape: layout.shape, strides: layout.strides });
             }
             let strides = [0, 1, 2].map(|i| layout.strides[i] as i64);
-            Ok((strides, Outputs::Fresh, Vec::new()))
+            Ok(CheckedOutputs { o_strides: strides, outputs: Outputs::Fresh, written: Vec::new() })
         }
     }
 }
@@ -409,6 +390,56 @@ pub(crate) fn features(
     Ok((params.softcap, alibi, params.num_splits))
 }
 
+/// A call's outputs as [`check_outputs`] checked them: `o`'s strides,
+/// where the outputs are, and the bytes the call writes (which no input
+/// checked after them may overlap).
+pub(crate) struct CheckedOutputs {
+    pub o_strides: [i64; 3],
+    pub outputs: Outputs,
+    pub written: Vec<Bytes>,
+}
+
+/// What a validator checked of a call beside its parameters: the element
+/// type, sizes, inputs, outputs, the LSE's layout, where the sequences
+/// lie, and the KV cache append.
+pub(crate) struct Checked {
+    pub dtype: Dtype,
+    pub problem: Problem,
+    pub qkv: [TensorAt; 3],
+    pub outputs: CheckedOutputs,
+    pub lse: LseLayout,
+    pub sequences: Sequences,
+    pub append: Option<Append>,
+}
+
+/// The one place a [`Call`] is assembled: `checked` with `params`' scale,
+/// score modifiers, split and mask, checked here (in that order) for every
+/// kind of call.
+pub(crate) fn call(checked: Checked, params: &AttentionParams) -> Result<Call> {
+    let Checked { dtype, problem, qkv: [q, k, v], outputs, lse, sequences, append } = checked;
+    let CheckedOutputs { o_strides, outputs, written } = outputs;
+    let scale = softmax_scale(params, problem.head_dim)?;
+    let (softcap, alibi, num_splits) = features(params, problem.batch, problem.heads_q, scale, &written)?;
+    let mask = mask(params)?;
+    Ok(Call {
+        dtype,
+        problem,
+        q,
+        k,
+        v,
+        o_strides,
+        lse,
+        outputs,
+        scale,
+        mask,
+        softcap,
+        alibi,
+        sequences,
+        num_splits,
+        append,
+    })
+}
+
 /// Checks a dense call, q `[batch, seqlen_q, heads_q, d]` over k, v
 /// `[batch, seqlen_k, heads_kv, d]` of element type `dtype`, into
 /// `outputs` (o with q's shape, the LSE `[batch, heads_q, seqlen_q]`).
@@ -438,27 +469,17 @@ pub fn validate(
     let problem = Problem { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
     check_problem(&problem)?;
     let lse_rows = batch.checked_mul(heads_q).and_then(|n| n.checked_mul(seqlen_q));
-    let (o_strides, outputs, written) =
-        check_outputs(q, outputs, lse_rows, "batch * heads_q * seqlen_q", &[q, k, v].map(tensor_bytes))?;
-    let scale = softmax_scale(params, head_dim)?;
-    let (softcap, alibi, num_splits) = features(params, batch, heads_q, scale, &written)?;
-    Ok(Call {
+    let outputs = check_outputs(q, outputs, lse_rows, "batch * heads_q * seqlen_q", &[q, k, v].map(tensor_bytes))?;
+    let checked = Checked {
         dtype,
         problem,
-        q: tensor_at(q),
-        k: tensor_at(k),
-        v: tensor_at(v),
-        o_strides,
-        lse: LseLayout { batch_stride: (heads_q * seqlen_q) as i64, head_stride: seqlen_q as i64 },
+        qkv: [q, k, v].map(tensor_at),
         outputs,
-        scale,
-        mask: mask(params)?,
-        softcap,
-        alibi,
+        lse: LseLayout { batch_stride: (heads_q * seqlen_q) as i64, head_stride: seqlen_q as i64 },
         sequences: Sequences::Dense,
-        num_splits,
         append: None,
-    })
+    };
+    call(checked, params)
 }
 
 /// What the validation tests share: made-up tensors, and a validated call
@@ -466,7 +487,7 @@ pub fn validate(
 #[cfg(test)]
 pub(crate) mod tests_support {
     use super::*;
-    use crate::plan::{plan, KernelArgs, OutputAddrs};
+    use crate::plan::{plan, KernelArgs, OutputAddrs, Plan};
     use flash_attn_abi::params::{AppendParams, ForwardParams};
 
     /// A valid contiguous tensor of `shape` at a made-up address, with an
@@ -514,7 +535,11 @@ pub(crate) mod tests_support {
             .find_map(|l| if let KernelArgs::Forward(a) = l.args { Some(a) } else { None })
             .expect("an attention launch");
         let append = call.append.map(|a| (a.params, a.grid));
-        Ok(Lowered { args, problem: call.problem, append, seqused_k: plan.upload })
+        let seqused_k = match plan {
+            Plan::Sm80(plan) => plan.upload,
+            Plan::Sm90(_) => Vec::new(),
+        };
+        Ok(Lowered { args, problem: call.problem, append, seqused_k })
     }
 
     /// [`lowered_call`]'s arguments and sizes.
@@ -563,7 +588,7 @@ mod tests {
 
     #[test]
     fn accepts_every_supported_head_dim() {
-        for d in SUPPORTED_HEAD_DIMS {
+        for d in crate::limits::SUPPORTED_HEAD_DIMS {
             let (_, problem) = Call::new(d as usize).run().unwrap_or_else(|e| panic!("head_dim {d}: {e}"));
             assert_eq!(problem.head_dim, d as usize);
         }

@@ -4,12 +4,49 @@
 use flash_attn_abi::kernels::Dtype;
 
 use super::{
-    bytes, check_outputs, check_problem, check_row_stride, check_tensor, features, mask, softmax_scale, tensor_at,
-    tensor_bytes, AttentionParams, OutputBuffers, Placed, Problem,
+    bytes, call, check_outputs, check_problem, check_row_stride, check_tensor, tensor_at, tensor_bytes,
+    AttentionParams, Checked, OutputBuffers, Placed, Problem,
 };
 use crate::call::{Call, LseLayout, Sequences};
 use crate::error::{Error, Result};
-use crate::varlen::check_seq_offsets;
+
+/// What valid offsets describe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffsetsSummary {
+    /// Number of sequences (offsets minus one).
+    pub batch: usize,
+    /// Tokens of all sequences (the last offset).
+    pub total: usize,
+    /// The longest sequence.
+    pub max_len: usize,
+}
+
+/// Checks that `offsets` locate packed sequences: at least one sequence,
+/// starting at 0, never decreasing (empty sequences are allowed).
+pub fn check_seq_offsets(offsets: &[i32]) -> Result<OffsetsSummary> {
+    if offsets.len() < 2 {
+        return Err(Error::InvalidSeqOffsets(format!(
+            "{} offsets given; at least 2 (one sequence) are needed",
+            offsets.len()
+        )));
+    }
+    if offsets[0] != 0 {
+        return Err(Error::InvalidSeqOffsets(format!("they must start at 0, not {}", offsets[0])));
+    }
+    let mut max_len = 0;
+    for (b, pair) in offsets.windows(2).enumerate() {
+        if pair[1] < pair[0] {
+            return Err(Error::InvalidSeqOffsets(format!(
+                "offset {} ({}) is below offset {b} ({}): offsets must not decrease",
+                b + 1,
+                pair[1],
+                pair[0]
+            )));
+        }
+        max_len = max_len.max((pair[1] - pair[0]) as usize);
+    }
+    Ok(OffsetsSummary { batch: offsets.len() - 1, total: offsets[offsets.len() - 1] as usize, max_len })
+}
 
 /// Offsets as validation sees them: the host values and the device address
 /// of their copy.
@@ -74,34 +111,25 @@ pub fn validate_varlen(
         [bytes("cu_seqlens_q", cu_q.addr, cu_q.host.len(), 4), bytes("cu_seqlens_k", cu_k.addr, cu_k.host.len(), 4)];
     let inputs = [tensor_bytes(q), tensor_bytes(k), tensor_bytes(v), offsets[0].clone(), offsets[1].clone()];
     check_problem(&problem)?;
-    let (o_strides, outputs, written) =
-        check_outputs(q, outputs, heads_q.checked_mul(total_q), "heads_q * total_q", &inputs)?;
-    let scale = softmax_scale(params, head_dim)?;
-    let (softcap, alibi, num_splits) = features(params, problem.batch, heads_q, scale, &written)?;
-    Ok(Call {
+    let outputs = check_outputs(q, outputs, heads_q.checked_mul(total_q), "heads_q * total_q", &inputs)?;
+    let checked = Checked {
         dtype,
         problem,
-        q: tensor_at(q),
-        k: tensor_at(k),
-        v: tensor_at(v),
-        o_strides,
+        qkv: [q, k, v].map(tensor_at),
+        outputs,
         // LSE [heads_q, total_q]: the kernel adds the sequence's first token.
         lse: LseLayout { batch_stride: 0, head_stride: total_q as i64 },
-        outputs,
-        scale,
-        mask: mask(params)?,
-        softcap,
-        alibi,
         sequences: Sequences::Packed { cu_seqlens_q: cu_q.addr, cu_seqlens_k: cu_k.addr, total_q, total_k },
-        num_splits,
         append: None,
-    })
+    };
+    call(checked, params)
 }
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::MAX_ROW_STRIDE;
     use crate::validate::tests_support::{contiguous_tensor, device_slice, lowered, set_row_stride};
-    use crate::validate::{Layout, MAX_ROW_STRIDE};
+    use crate::validate::Layout;
     use flash_attn_abi::params::ForwardParams;
 
     const MIB: u64 = 1 << 20;
@@ -234,5 +262,20 @@ mod tests {
         call.params.alibi_slopes = Some(slopes);
         let (args, _) = call.run().unwrap();
         assert_eq!((args.alibi_slopes as u64, args.alibi_batch_stride), (90 * MIB, 8));
+    }
+
+    #[test]
+    fn offsets_start_at_zero_and_never_decrease() {
+        assert_eq!(check_seq_offsets(&[0, 3, 3, 12]).unwrap(), OffsetsSummary { batch: 3, total: 12, max_len: 9 });
+        assert_eq!(check_seq_offsets(&[0, 0]).unwrap(), OffsetsSummary { batch: 1, total: 0, max_len: 0 });
+        let err = |o: &[i32]| match check_seq_offsets(o).unwrap_err() {
+            Error::InvalidSeqOffsets(msg) => msg,
+            e => panic!("{e}"),
+        };
+        assert!(err(&[]).contains("at least 2"));
+        assert!(err(&[0]).contains("at least 2"));
+        assert!(err(&[1, 3]).contains("start at 0"));
+        assert!(err(&[0, 5, 4]).contains("offset 2 (4) is below offset 1 (5)"));
+        assert!(err(&[0, -1]).contains("below"));
     }
 }
