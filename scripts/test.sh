@@ -66,6 +66,11 @@ bash scripts/test-consumer.sh
 # flash-attn leaves the version to the program (issue 65).
 echo "== cudarc CUDA versions"
 bash scripts/test-cudarc-versions.sh
+# candle-transformers (its current 0.11 release, feature flash-attn) on our
+# candle-flash-attn by one [patch] line, in a program the candle GPU bundle
+# runs (its Llama, use_flash_attn on and off).
+echo "== candle-transformers through [patch.crates-io]"
+bash scripts/test-candle-transformers.sh
 # Totals over every test binary; GPU tests that found no GPU count as skipped.
 read -r passed failed < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } } END { print p + 0, f + 0 }' "$log")
 skipped=$(grep -c '^SKIPPED ' "$log" || true)
