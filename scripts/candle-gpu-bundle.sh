@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the candle crate's GPU tests and benchmark (release) into
-# gpu-bundle-candle/, with a runner for a GPU machine that has no Rust:
+# Builds the candle crate's GPU tests, benchmark and examples (train,
+# decode), and the candle-transformers program of
+# scripts/test-candle-transformers.sh (release) into gpu-bundle-candle/, with
+# a runner for a GPU machine that has no Rust:
 #   bash scripts/candle-gpu-bundle.sh            # here
 #   bash gpu-bundle-candle/run.sh [ITERS]        # there (results in $OUT or gpu-bundle-candle/results)
 # Kept apart from `cargo xtask gpu-bundle`: these executables link
@@ -28,8 +30,14 @@ for line in sys.stdin:
         print(m["executable"])
 ')"
 cp "$exe" "$bundle/bin/test-candle-gpu"
-nice -n 15 cargo build --release -p flash-attn-candle --example bench
+nice -n 15 cargo build --release -p flash-attn-candle --example bench --example train --example decode
 cp target/release/examples/bench "$bundle/bin/bench-candle"
+cp target/release/examples/train "$bundle/bin/train-candle"
+cp target/release/examples/decode "$bundle/bin/decode-candle"
+transformers="$(bash scripts/test-candle-transformers.sh | tail -n1)"
+cp "$transformers" "$bundle/bin/candle-transformers-check"
+# Without their symbols the executables travel in a fraction of the size.
+strip "$bundle"/bin/*
 cat > "$bundle/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # The candle crate's GPU tests and benchmark on a GPU machine (see
@@ -39,7 +47,7 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${OUT:-$here/results}"
 mkdir -p "$results"
-[ -f "$here/bin.tar.gz" ] && { rm -rf "$here/bin"; tar xzf "$here/bin.tar.gz" -C "$here"; }
+[ -f "$here/bin.tar.xz" ] && { rm -rf "$here/bin"; tar xJf "$here/bin.tar.xz" -C "$here"; }
 libs="$(python3 - <<'PY'
 import os
 try:
@@ -60,6 +68,15 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results
 status=0
 "$here/bin/test-candle-gpu" --test-threads=1 2>&1 | tee "$results/tests.log" || status=1
 grep -q "^test result: ok" "$results/tests.log" || status=1
+# The examples: training steps through candle's backward (gradients against
+# candle's f64 attention, the loss must fall), a prefill + KV-cache decode
+# program (every output against candle's attention), and candle-transformers'
+# Llama with use_flash_attn on and off against an f32 run.
+for run in train-candle decode-candle candle-transformers-check; do
+  echo "== $run"
+  "$here/bin/$run" 2>&1 | tee "$results/$run.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "$run: FAILED"; status=1; }
+done
 # The SM clock and board power over the benchmark (every 200 ms).
 nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 > "$results/clocks.csv" 2>/dev/null &
 monitor=$!
@@ -71,5 +88,8 @@ awk -F', *' '$1 > 0 { n++; c += $1; p += $2; if ($1 < cmin || n == 1) cmin = $1;
 echo "candle GPU check: $([ $status = 0 ] && echo passed || echo FAILED)"
 exit $status
 EOF
-(cd "$bundle" && tar czf bin.tar.gz bin && rm -rf bin)
+# Every executable holds candle's kernels and ours (about 60 MB of each one's
+# 60-70): a dictionary wider than one executable compresses the repeats away
+# (about 8 MB for the five rather than 31; 256 MiB of memory to unpack).
+(cd "$bundle" && tar cf - bin | nice -n 15 xz -T1 --lzma2=preset=6,dict=256MiB > bin.tar.xz && rm -rf bin)
 echo "candle-gpu-bundle: $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine: bash gpu-bundle-candle/run.sh"

@@ -147,7 +147,7 @@ candle_bundle="$here/../gpu-bundle-candle"
 if [ "$part" != bench ] && [ -f "$candle_bundle/run.sh" ]; then
   echo "== candle"
   if OUT="$results/candle" bash "$candle_bundle/run.sh" 20 > "$results/candle.log" 2>&1; then candle="passed"; else candle="FAILED"; fi
-  grep -E "^test result|panicked|^\| |SM clock|candle GPU check" "$results/candle.log"
+  grep -E "^test result|panicked|^\| |SM clock|^(train|decode|step  0|candle-transformers)|FAILED|candle GPU check" "$results/candle.log"
   libs="$(sed -n 's/^candle libraries: //p' "$results/candle.log")"
   for tool in memcheck synccheck racecheck initcheck; do
     filter=()

@@ -61,6 +61,16 @@ cargo clippy -p flash-attn --no-default-features --features cudarc --all-targets
 # them, and the cudarc one, with both doors.)
 cargo test -p flash-attn --no-default-features --features cudarc --release --lib 2>&1 | tee -a "$log"
 bash scripts/test-consumer.sh
+# A program that pins cudarc's CUDA version (13.0, 12.8) keeps it, and the
+# cudarc door compiles against the bindings of every version cudarc knows:
+# flash-attn leaves the version to the program (issue 65).
+echo "== cudarc CUDA versions"
+bash scripts/test-cudarc-versions.sh
+# candle-transformers (its current 0.11 release, feature flash-attn) on our
+# candle-flash-attn by one [patch] line, in a program the candle GPU bundle
+# runs (its Llama, use_flash_attn on and off).
+echo "== candle-transformers through [patch.crates-io]"
+bash scripts/test-candle-transformers.sh
 # Totals over every test binary; GPU tests that found no GPU count as skipped.
 read -r passed failed < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } } END { print p + 0, f + 0 }' "$log")
 skipped=$(grep -c '^SKIPPED ' "$log" || true)

@@ -2,7 +2,7 @@
 //! shapes, then the device. Each error names the argument, as
 //! candle-flash-attn's do.
 
-use candle_core::{bail, DType, Result, Tensor};
+use candle_core::{bail, DType, Layout, Result, Tensor};
 use flash_attn::{Problem, SUPPORTED_HEAD_DIMS};
 
 /// Largest head dim accepted (flash-attn's largest kernel): smaller ones
@@ -25,21 +25,25 @@ pub fn kernel_head_dim(head_dim: usize) -> Result<usize> {
 
 /// q, k and v are f16 or bf16, all the same.
 pub fn check_dtypes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<DType> {
-    let dtype = q.dtype();
-    if !matches!(dtype, DType::F16 | DType::BF16) {
-        bail!("flash-attn-candle: flash-attn is only supported for f16/bf16 (q is {dtype:?})")
-    }
-    for (name, t) in [("k", k), ("v", v)] {
-        if t.dtype() != dtype {
-            bail!("flash-attn-candle: dtype mismatch: q is {dtype:?} but {name} is {:?}", t.dtype())
-        }
-    }
-    Ok(dtype)
+    dtypes(q.dtype(), k.dtype(), v.dtype())
 }
 
-fn rank(name: &str, t: &Tensor, want: usize, layout: &str) -> Result<()> {
-    if t.rank() != want {
-        bail!("flash-attn-candle: {name} must have rank {want} {layout}, got shape {:?}", t.dims())
+/// [`check_dtypes`] on the dtypes alone (a custom op's storages).
+pub fn dtypes(q: DType, k: DType, v: DType) -> Result<DType> {
+    if !matches!(q, DType::F16 | DType::BF16) {
+        bail!("flash-attn-candle: flash-attn is only supported for f16/bf16 (q is {q:?})")
+    }
+    for (name, dtype) in [("k", k), ("v", v)] {
+        if dtype != q {
+            bail!("flash-attn-candle: dtype mismatch: q is {q:?} but {name} is {dtype:?}")
+        }
+    }
+    Ok(q)
+}
+
+fn rank(name: &str, dims: &[usize], want: usize, layout: &str) -> Result<()> {
+    if dims.len() != want {
+        bail!("flash-attn-candle: {name} must have rank {want} {layout}, got shape {dims:?}")
     }
     Ok(())
 }
@@ -53,17 +57,22 @@ fn heads(heads_q: usize, heads_kv: usize) -> Result<()> {
 
 /// q `[batch, seqlen_q, heads_q, d]`, k and v `[batch, seqlen_k, heads_kv, d]`.
 pub fn check_dense(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Problem> {
+    dense_dims(q.dims(), k.dims(), v.dims())
+}
+
+/// [`check_dense`] on the shapes alone (a custom op's layouts).
+pub fn dense_dims(q: &[usize], k: &[usize], v: &[usize]) -> Result<Problem> {
     const LAYOUT: &str = "[batch, seqlen, heads, head_dim]";
-    for (name, t) in [("q", q), ("k", k), ("v", v)] {
-        rank(name, t, 4, LAYOUT)?;
+    for (name, dims) in [("q", q), ("k", k), ("v", v)] {
+        rank(name, dims, 4, LAYOUT)?;
     }
-    let (batch, seqlen_q, heads_q, head_dim) = q.dims4()?;
-    let (b_k, seqlen_k, heads_kv, d_k) = k.dims4()?;
+    let &[batch, seqlen_q, heads_q, head_dim] = q else { unreachable!("rank 4") };
+    let &[b_k, seqlen_k, heads_kv, d_k] = k else { unreachable!("rank 4") };
     if (b_k, d_k) != (batch, head_dim) {
-        bail!("flash-attn-candle: shape mismatch q {:?} and k {:?}", q.dims(), k.dims())
+        bail!("flash-attn-candle: shape mismatch q {q:?} and k {k:?}")
     }
-    if v.dims() != k.dims() {
-        bail!("flash-attn-candle: shape mismatch k {:?} and v {:?}", k.dims(), v.dims())
+    if v != k {
+        bail!("flash-attn-candle: shape mismatch k {k:?} and v {v:?}")
     }
     heads(heads_q, heads_kv)?;
     kernel_head_dim(head_dim)?;
@@ -75,7 +84,7 @@ pub fn check_dense(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Problem> {
 pub fn check_varlen(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize, usize)> {
     const LAYOUT: &str = "[total_tokens, heads, head_dim]";
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
-        rank(name, t, 3, LAYOUT)?;
+        rank(name, t.dims(), 3, LAYOUT)?;
     }
     let (total_q, heads_q, head_dim) = q.dims3()?;
     let (total_k, heads_kv, d_k) = k.dims3()?;
@@ -101,7 +110,7 @@ pub fn check_kvcache(
     block_table: Option<(&[u32], usize)>,
 ) -> Result<Problem> {
     for (name, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] {
-        rank(name, t, 4, "[batch, seqlen, heads, head_dim]")?;
+        rank(name, t.dims(), 4, "[batch, seqlen, heads, head_dim]")?;
     }
     let (batch, seqlen_q, heads_q, head_dim) = q.dims4()?;
     let (rows, row_len, heads_kv, d_k) = k_cache.dims4()?;
@@ -170,15 +179,32 @@ pub fn check_cuda(tensors: &[(&str, &Tensor)]) -> Result<()> {
     Ok(())
 }
 
-/// Whether the kernels can address `t` where it lies: the start offset and
-/// the strides of its dims of more than one element multiples of 8.
+/// Whether the kernels can address `t` where it lies: see [`aligned_layout`].
 fn aligned(t: &Tensor) -> bool {
     let (storage, layout) = t.storage_and_layout();
-    let rank = layout.dims().len();
-    let aligned = layout.start_offset().is_multiple_of(8)
-        && layout.dims()[..rank - 1].iter().zip(layout.stride()).all(|(&n, &s)| n <= 1 || s.is_multiple_of(8));
+    let aligned = aligned_layout(layout);
     drop(storage);
     aligned
+}
+
+/// Whether the kernels can address a tensor of `layout` where it lies: the
+/// start offset and the strides of its dims of more than one element
+/// multiples of 8.
+pub fn aligned_layout(layout: &Layout) -> bool {
+    let rank = layout.dims().len();
+    layout.start_offset().is_multiple_of(8)
+        && layout.dims()[..rank - 1].iter().zip(layout.stride()).all(|(&n, &s)| n <= 1 || s.is_multiple_of(8))
+}
+
+/// The last dim of `name` (laid out as `layout`) is contiguous, as the
+/// kernels (and candle-flash-attn) require.
+pub fn last_dim_contiguous(name: &str, layout: &Layout) -> Result<()> {
+    let (dims, stride) = (layout.dims(), layout.stride());
+    let rank = dims.len();
+    if dims[rank - 1] > 1 && stride[rank - 1] != 1 {
+        bail!("flash-attn-candle: the last dim of {name} must be contiguous {stride:?}")
+    }
+    Ok(())
 }
 
 /// A tensor the kernels write in place (a KV cache appended to): its head
@@ -203,11 +229,8 @@ pub fn in_place(name: &str, t: &Tensor) -> Result<()> {
 /// start offset multiples of 8 elements (16 bytes; copied into a
 /// contiguous tensor otherwise), the head dim padded to one with a kernel.
 pub fn prepare(name: &str, t: &Tensor, padded_head_dim: usize) -> Result<Tensor> {
-    let stride = t.stride();
-    let rank = stride.len();
-    if t.dims()[rank - 1] > 1 && stride[rank - 1] != 1 {
-        bail!("flash-attn-candle: the last dim of {name} must be contiguous {stride:?}")
-    }
+    last_dim_contiguous(name, t.layout())?;
+    let rank = t.rank();
     let head_dim = t.dims()[rank - 1];
     let t =
         if padded_head_dim > head_dim { t.pad_with_zeros(rank - 1, 0, padded_head_dim - head_dim)? } else { t.clone() };
@@ -215,5 +238,39 @@ pub fn prepare(name: &str, t: &Tensor, padded_head_dim: usize) -> Result<Tensor>
         Ok(t)
     } else {
         t.force_contiguous()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dense_shapes_are_checked_on_layouts_alone() {
+        let p = dense_dims(&[2, 5, 8, 64], &[2, 9, 2, 64], &[2, 9, 2, 64]).unwrap();
+        assert_eq!((p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim), (2, 5, 9, 8, 2, 64));
+        let err = |q: &[usize], k: &[usize], v: &[usize]| dense_dims(q, k, v).unwrap_err().to_string();
+        assert!(err(&[5, 8, 64], &[9, 2, 64], &[9, 2, 64]).contains("q must have rank 4"));
+        assert!(err(&[2, 5, 8, 64], &[1, 9, 2, 64], &[1, 9, 2, 64]).contains("shape mismatch q"));
+        assert!(err(&[2, 5, 8, 64], &[2, 9, 2, 64], &[2, 8, 2, 64]).contains("shape mismatch k"));
+        assert!(err(&[2, 5, 8, 64], &[2, 9, 3, 64], &[2, 9, 3, 64]).contains("must divide"));
+        assert!(err(&[2, 5, 8, 20], &[2, 9, 2, 20], &[2, 9, 2, 20]).contains("head_dim 20 is not supported"));
+        assert!(dtypes(DType::F16, DType::F16, DType::BF16).unwrap_err().to_string().contains("v is BF16"));
+        assert!(dtypes(DType::F32, DType::F32, DType::F32).is_err());
+    }
+
+    #[test]
+    fn layouts_read_in_place_are_aligned_with_a_contiguous_last_dim() {
+        let fused = Layout::contiguous((2, 5, 12, 64));
+        assert!(aligned_layout(&fused.narrow(2, 4, 4).unwrap()));
+        // Offsets and strides that are not multiples of 8 elements.
+        assert!(!aligned_layout(&Layout::contiguous_with_offset((2, 5, 4, 64), 3)));
+        assert!(!aligned_layout(&Layout::contiguous((2, 5, 12, 36)).narrow(2, 0, 4).unwrap()));
+        // A dim of one element has no stride to align.
+        assert!(aligned_layout(&Layout::contiguous((1, 1, 4, 64)).narrow(3, 0, 64).unwrap()));
+        let transposed = Layout::contiguous((2, 5, 64, 4)).transpose(2, 3).unwrap();
+        assert!(last_dim_contiguous("q", &fused).is_ok());
+        let e = last_dim_contiguous("q", &transposed).unwrap_err().to_string();
+        assert!(e.contains("the last dim of q must be contiguous"), "{e}");
     }
 }

@@ -8,11 +8,19 @@
 //! candle-flash-attn = { package = "flash-attn-candle", git = "<this repository's URL>" }
 //! ```
 //!
-//! Each function is a candle custom op (`CustomOp3` over q, k and v, no
-//! backward, as candle-flash-attn) that runs on the tensors' own CUDA
-//! device and stream: q, k and v are read in place, and the output is a
-//! fresh allocation of that device. The kernels are loaded once per GPU
-//! (the first call on it), into the primary context that candle uses.
+//! Each function is a candle custom op (`CustomOp3` over q, k and v, as
+//! candle-flash-attn; [`FlashAttn`] is its public one) that runs on the
+//! tensors' own CUDA device and stream: q, k and v are read in place, and the
+//! output is a fresh allocation of that device. The kernels are loaded once
+//! per GPU (the first call on it), into the primary context that candle uses.
+//!
+//! Unlike candle-flash-attn's, the ops have a backward: when q, k or v
+//! track gradients (a `Var`, or computed from one), `loss.backward()` runs
+//! flash-attn's backward kernels (`backward_into`, `backward_varlen_into`)
+//! for the dense and variable-length functions, from the log-sum-exp their
+//! forward kept. The KV-cache functions and the log-sum-exp outputs have no
+//! gradient: a loss that depends on them fails in `backward()` with an error
+//! that says so, rather than leaving gradients out.
 //!
 //! Tensors are `[batch, seqlen, heads, head_dim]` (variable lengths:
 //! `[total_tokens, heads, head_dim]`), f16 or bf16, with k and v having a
@@ -35,6 +43,7 @@
 //! partly uncomputed.
 
 mod checks;
+mod custom_op;
 mod op;
 pub mod params;
 
@@ -43,7 +52,8 @@ use candle_core::{bail, DType, Result, Tensor, D};
 /// flash-attn itself, whose `FlashAttention` [`flash_attention`] returns.
 pub use ::flash_attn as flash_attn_core;
 pub use checks::{kernel_head_dim, MAX_HEAD_DIM};
-pub use op::flash_attention_for;
+pub use custom_op::FlashAttn;
+pub use op::{flash_attention_for, poison_outputs};
 use op::{FlashAttnOp, Kind};
 use params::{causal_window, translate};
 
@@ -105,22 +115,31 @@ fn dense(
         checks::check_alibi(a, dims.batch, dims.heads_q)?;
     }
     let p = prepare(q, k, v, dims.head_dim, alibi_slopes)?;
-    let op = FlashAttnOp {
-        params: translate(softmax_scale, window_size_left, window_size_right, softcap, dims.seqlen_k),
-        alibi_slopes: alibi_slopes.cloned(),
-        kind: Kind::Dense,
-        num_splits: None,
-    };
+    let op = FlashAttnOp::new(
+        translate(softmax_scale, window_size_left, window_size_right, softcap, dims.seqlen_k),
+        alibi_slopes.cloned(),
+        Kind::Dense,
+    );
     finish(op, p, with_lse)
 }
 
+/// Runs `op` on the prepared tensors: the output back at the caller's head
+/// dim, and the log-sum-exp if asked for. The output has candle's backward
+/// (the op's); the log-sum-exp has none (a loss that depends on it fails in
+/// the backward).
 fn finish(op: FlashAttnOp, p: Prepared, with_lse: bool) -> Result<(Tensor, Option<Tensor>)> {
-    if with_lse {
-        let (o, lse) = op.forward_with_lse(&p.q, &p.k, &p.v)?;
-        Ok((unpad(o, p.head_dim)?, Some(lse)))
-    } else {
-        Ok((unpad(p.q.apply_op3(&p.k, &p.v, op)?, p.head_dim)?, None))
-    }
+    let kept = op.lse.clone();
+    let o = p.q.apply_op3(&p.k, &p.v, op)?;
+    let lse = match with_lse {
+        false => None,
+        true => {
+            let lse = kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let lse =
+                lse.ok_or_else(|| candle_core::Error::Msg("flash-attn-candle: the forward kept no LSE".into()))?;
+            Some(op::without_gradient(lse, &[&p.q, &p.k, &p.v], "the log-sum-exp")?)
+        }
+    };
+    Ok((unpad(o, p.head_dim)?, lse))
 }
 
 /// Reads cumulative offsets (u32 or i32, rank 1) back to the host.
@@ -184,12 +203,11 @@ fn varlen(
         )
     }
     let p = prepare(q, k, v, head_dim, alibi_slopes)?;
-    let op = FlashAttnOp {
-        params: translate(softmax_scale, window_size_left, window_size_right, softcap, max_seqlen_k),
-        alibi_slopes: alibi_slopes.cloned(),
-        kind: Kind::Varlen { cu_seqlens_q, cu_seqlens_k },
-        num_splits: None,
-    };
+    let op = FlashAttnOp::new(
+        translate(softmax_scale, window_size_left, window_size_right, softcap, max_seqlen_k),
+        alibi_slopes.cloned(),
+        Kind::Varlen { cu_seqlens_q, cu_seqlens_k },
+    );
     finish(op, p, with_lse)
 }
 
@@ -558,15 +576,15 @@ pub fn flash_attn_kvcache(
     }
     let to_i32 = |v: &[u32]| -> Vec<i32> { v.iter().map(|&x| x as i32).collect() };
     let p = prepare(q, k_cache, v_cache, dims.head_dim, alibi_slopes)?;
-    let op = FlashAttnOp {
-        params: translate(softmax_scale, window_size_left, window_size_right, softcap, dims.seqlen_k),
-        alibi_slopes: alibi_slopes.cloned(),
-        kind: Kind::KvCache {
-            cache_seqlens: to_i32(cache_seqlens),
-            block_table: paged.map(|p| (to_i32(p.block_table), p.pages_per_seq)),
-        },
-        num_splits: None,
+    let kind = Kind::KvCache {
+        cache_seqlens: to_i32(cache_seqlens),
+        block_table: paged.map(|p| (to_i32(p.block_table), p.pages_per_seq)),
     };
+    let op = FlashAttnOp::new(
+        translate(softmax_scale, window_size_left, window_size_right, softcap, dims.seqlen_k),
+        alibi_slopes.cloned(),
+        kind,
+    );
     let (o, lse) = finish(op, p, true)?;
     Ok((o, lse.expect("requested")))
 }
@@ -634,14 +652,14 @@ pub fn flash_attn_kvcache_append(
         checks::prepare("v_new", v_new, padded)?,
     );
     let to_i32 = |v: &[u32]| -> Vec<i32> { v.iter().map(|&x| x as i32).collect() };
-    let op = FlashAttnOp {
-        params: translate(softmax_scale, window_size_left, window_size_right, softcap, dims.seqlen_k),
-        alibi_slopes: alibi_slopes.cloned(),
-        kind: Kind::KvCache {
-            cache_seqlens: to_i32(cache_seqlens),
-            block_table: paged.map(|p| (to_i32(p.block_table), p.pages_per_seq)),
-        },
-        num_splits: None,
+    let kind = Kind::KvCache {
+        cache_seqlens: to_i32(cache_seqlens),
+        block_table: paged.map(|p| (to_i32(p.block_table), p.pages_per_seq)),
     };
+    let op = FlashAttnOp::new(
+        translate(softmax_scale, window_size_left, window_size_right, softcap, dims.seqlen_k),
+        alibi_slopes.cloned(),
+        kind,
+    );
     op.append_with_lse(&q, k_cache, v_cache, &k_new, &v_new)
 }

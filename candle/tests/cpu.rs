@@ -182,3 +182,20 @@ fn signatures_are_candle_flash_attn_s() {
     let _: fn(&T, &T, &T, Option<&T>, &T, &T, usize, usize, f32, Option<usize>, Option<usize>, f32) -> Result<T> =
         fa::flash_attn_varlen_alibi_windowed_softcap;
 }
+
+/// candle-flash-attn 0.11's public custom op: the same fields, built by a
+/// struct literal as programs do; on CPU tensors it fails as candle-flash-attn's.
+#[test]
+fn flash_attn_op_has_candle_flash_attn_s_fields() {
+    let alibi: Option<Tensor> = None;
+    let op = fa::FlashAttn {
+        softmax_scale: 0.125f32,
+        alibi_slopes: alibi,
+        window_size_left: Some(4usize),
+        window_size_right: Some(0usize),
+        softcap: Some(30f32),
+    };
+    let q = t(&[1, 8, 2, 64], DType::F16);
+    let e = q.apply_op3(&q, &q, op).unwrap_err().to_string();
+    contains(&e, "no cpu support for flash-attn");
+}

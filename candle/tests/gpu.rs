@@ -1,11 +1,14 @@
 //! GPU tests: every function against candle's own attention, written as
 //! matmul + softmax in f32 on the same random tensors (masks, ALiBi,
 //! softcap, windows, GQA, variable lengths, KV caches, strided inputs), in
-//! f16 and bf16 over several head dims. Each prints `SKIPPED` and returns
-//! without a usable CUDA GPU.
+//! f16 and bf16 over several head dims, and the gradients of the backward
+//! against candle's autograd through that attention. Every output the
+//! crate allocates is poisoned (NaN) before the kernels run. Each test
+//! prints `SKIPPED` and returns without a usable CUDA GPU.
 
-use candle_core::{DType, Device, IndexOp, Result, Tensor, D};
+use candle_core::{DType, Device, IndexOp, Result, Tensor, Var, D};
 use flash_attn_candle as fa;
+use flash_attn_candle::FlashAttn;
 use rand::{Rng, SeedableRng};
 
 fn skipped(test: &str, why: &str) {
@@ -20,6 +23,8 @@ fn skipped(test: &str, why: &str) {
 /// candle's CUDA device 0 with the kernels loaded, or `None` (after saying
 /// why) without a usable GPU.
 fn gpu(test: &str) -> Option<Device> {
+    // An element the kernels leave unwritten reads NaN.
+    fa::poison_outputs(true);
     let device = match Device::new_cuda(0) {
         Ok(d) => d,
         Err(e) => {
@@ -625,5 +630,294 @@ fn flash_attn_kvcache_append_writes_and_matches_candle_attention() -> Result<()>
             assert_close(&format!("{dtype:?} paged batch {b}"), &o.i(b..b + 1)?, &want, tolerance(dtype));
         }
     }
+    Ok(())
+}
+
+/// The seed of a gradient test: `FLASH_ATTN_TEST_SEED`, or the test's own,
+/// printed.
+fn seed(test: &str, default: u64) -> u64 {
+    let seed = std::env::var("FLASH_ATTN_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default);
+    eprintln!("{test}: seed {seed} (FLASH_ATTN_TEST_SEED)");
+    seed
+}
+
+/// The relative L2 error of `got` against `want` (infinite if `got` has a
+/// value that is not finite).
+fn relative_error(got: &Tensor, want: &Tensor) -> f32 {
+    assert_eq!(got.dims(), want.dims());
+    let g = got.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let w = want.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    if g.iter().any(|x| !x.is_finite()) {
+        return f32::INFINITY;
+    }
+    let diff: f64 = g.iter().zip(&w).map(|(&a, &b)| ((a - b) as f64).powi(2)).sum();
+    let norm: f64 = w.iter().map(|&b| (b as f64).powi(2)).sum();
+    (diff.sqrt() / norm.sqrt().max(1e-30)) as f32
+}
+
+/// The largest relative L2 error of a gradient of the f16 or bf16 backward
+/// against candle's f32 autograd on the same values (flash-attn's own GPU
+/// tests allow 2e-3 and 1.6e-2 against f64 gradients).
+fn gradient_tolerance(dtype: DType) -> f32 {
+    if dtype == DType::BF16 {
+        2.5e-2
+    } else {
+        3e-3
+    }
+}
+
+/// The output of `attend` on q, k and v as candle variables, and the
+/// gradients of `sum(o * w)` with respect to q, k and v, by candle's
+/// `backward()`.
+fn gradients(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    w: &Tensor,
+    attend: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<(Tensor, [Tensor; 3])> {
+    let vars = [Var::from_tensor(q)?, Var::from_tensor(k)?, Var::from_tensor(v)?];
+    let o = attend(vars[0].as_tensor(), vars[1].as_tensor(), vars[2].as_tensor())?;
+    let loss = o.to_dtype(DType::F32)?.mul(w)?.sum_all()?;
+    let grads = loss.backward()?;
+    let get = |i: usize| {
+        grads
+            .get(vars[i].as_tensor())
+            .cloned()
+            .ok_or_else(|| candle_core::Error::Msg(format!("no gradient for input {i}")))
+    };
+    Ok((o, [get(0)?, get(1)?, get(2)?]))
+}
+
+fn assert_gradients(what: &str, got: &[Tensor; 3], want: &[Tensor; 3], dtype: DType) {
+    for (name, g, w) in [("dQ", &got[0], &want[0]), ("dK", &got[1], &want[1]), ("dV", &got[2], &want[2])] {
+        assert_eq!(g.dtype(), dtype, "{what}: {name} dtype");
+        let error = relative_error(g, w);
+        assert!(
+            error <= gradient_tolerance(dtype),
+            "{what}: {name} relative L2 error {error:.3e} against candle's autograd"
+        );
+    }
+}
+
+/// One masked or transformed variant of a call: (name, window left, window
+/// right, softcap, ALiBi).
+type Variant = (&'static str, Option<usize>, Option<usize>, Option<f32>, bool);
+
+const GRADIENT_VARIANTS: [Variant; 4] = [
+    ("plain", None, None, None, false),
+    ("causal", None, Some(0), None, false),
+    ("window", Some(16), Some(0), None, false),
+    ("softcap alibi", None, None, Some(2.0), true),
+];
+
+#[test]
+fn gradients_match_candle_autograd() -> Result<()> {
+    let test = "gradients_match_candle_autograd";
+    let Some(device) = gpu(test) else { return Ok(()) };
+    let seed = seed(test, 10);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for dtype in DTYPES {
+        for c in CASES {
+            let (q, k, v) = qkv(&mut rng, c, dtype, &device)?;
+            // dO = w, with values the dtype holds.
+            let w = randn(&mut rng, q.dims(), dtype, &device)?.to_dtype(DType::F32)?;
+            let to_f32 = |t: &Tensor| t.to_dtype(DType::F32);
+            let (qf, kf, vf) = (to_f32(&q)?, to_f32(&k)?, to_f32(&v)?);
+            let s = slopes(c.heads_q);
+            let alibi = Tensor::from_vec(s.clone(), c.heads_q, &device)?;
+            for (name, left, right, softcap, alibi_on) in GRADIENT_VARIANTS {
+                let scale = if softcap.is_some() { 0.5 } else { 1.0 / (c.head_dim as f32).sqrt() };
+                let a = alibi_on.then_some(&alibi);
+                let (o, got) = gradients(&q, &k, &v, &w, |q, k, v| {
+                    fa::flash_attn_alibi_windowed_softcap(q, k, v, a, scale, left, right, softcap.unwrap_or(0.0))
+                })?;
+                let mask = Mask::from_window(left, right, c.seqlen_k);
+                let (o_ref, want) = gradients(&qf, &kf, &vf, &w, |q, k, v| {
+                    Ok(reference(q, k, v, scale, mask, alibi_on.then_some(&s[..]), softcap)?.0)
+                })?;
+                let what = format!("seed {seed} {dtype:?} {c:?} {name}");
+                assert_close(&what, &o, &o_ref, tolerance(dtype));
+                assert_gradients(&what, &got, &want, dtype);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn varlen_gradients_match_candle_autograd() -> Result<()> {
+    let test = "varlen_gradients_match_candle_autograd";
+    let Some(device) = gpu(test) else { return Ok(()) };
+    let seed = seed(test, 11);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let cu_q = cumulative(VARLEN.iter().map(|l| l.0));
+    let cu_k = cumulative(VARLEN.iter().map(|l| l.1));
+    let (total_q, total_k) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
+    let max_q = VARLEN.iter().map(|l| l.0).max().unwrap();
+    let max_k = VARLEN.iter().map(|l| l.1).max().unwrap();
+    let seqlens_q = Tensor::new(cu_q.as_slice(), &device)?;
+    let seqlens_k = Tensor::new(cu_k.as_slice(), &device)?;
+    for dtype in DTYPES {
+        for (heads_q, heads_kv, d) in [(4, 4, 64), (8, 2, 128), (4, 1, 96), (4, 2, 40)] {
+            let q = randn(&mut rng, &[total_q, heads_q, d], dtype, &device)?;
+            let k = randn(&mut rng, &[total_k, heads_kv, d], dtype, &device)?;
+            let v = randn(&mut rng, &[total_k, heads_kv, d], dtype, &device)?;
+            let w = randn(&mut rng, q.dims(), dtype, &device)?.to_dtype(DType::F32)?;
+            let to_f32 = |t: &Tensor| t.to_dtype(DType::F32);
+            let (qf, kf, vf) = (to_f32(&q)?, to_f32(&k)?, to_f32(&v)?);
+            let s = slopes(heads_q);
+            let alibi = Tensor::from_vec(s.clone(), heads_q, &device)?;
+            for (name, left, right, softcap, alibi_on) in GRADIENT_VARIANTS {
+                let scale = if softcap.is_some() { 0.5 } else { 0.125 };
+                let a = alibi_on.then_some(&alibi);
+                let (o, got) = gradients(&q, &k, &v, &w, |q, k, v| {
+                    fa::flash_attn_varlen_alibi_windowed_softcap(
+                        q,
+                        k,
+                        v,
+                        a,
+                        &seqlens_q,
+                        &seqlens_k,
+                        max_q,
+                        max_k,
+                        scale,
+                        left,
+                        right,
+                        softcap.unwrap_or(0.0),
+                    )
+                })?;
+                // Each sequence through the dense reference on its own, the
+                // outputs packed again.
+                let mask = Mask::from_window(left, right, max_k);
+                let (o_ref, want) = gradients(&qf, &kf, &vf, &w, |q, k, v| {
+                    let mut outputs = Vec::with_capacity(VARLEN.len());
+                    for (b, &(len_q, len_k)) in VARLEN.iter().enumerate() {
+                        let (oq, ok) = (cu_q[b] as usize, cu_k[b] as usize);
+                        let one = |t: &Tensor, o: usize, n: usize| t.narrow(0, o, n).and_then(|t| t.unsqueeze(0));
+                        let (o, _) = reference(
+                            &one(q, oq, len_q)?,
+                            &one(k, ok, len_k)?,
+                            &one(v, ok, len_k)?,
+                            scale,
+                            mask,
+                            alibi_on.then_some(&s[..]),
+                            softcap,
+                        )?;
+                        outputs.push(o.squeeze(0)?);
+                    }
+                    Tensor::cat(&outputs, 0)
+                })?;
+                let what = format!("seed {seed} {dtype:?} heads {heads_q}/{heads_kv} d {d} {name}");
+                assert_close(&what, &o, &o_ref, tolerance(dtype));
+                assert_gradients(&what, &got, &want, dtype);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn flash_attn_op_matches_candle_attention_and_autograd() -> Result<()> {
+    let test = "flash_attn_op_matches_candle_attention_and_autograd";
+    let Some(device) = gpu(test) else { return Ok(()) };
+    let seed = seed(test, 12);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (b, s, h, hkv) = (2, 70, 4, 2);
+    let heads = h + 2 * hkv;
+    // q, k and v as views of one fused projection `[b, s, heads, d]`:
+    // strided, read in place where the head dim has a kernel.
+    let split = |t: &Tensor| -> Result<(Tensor, Tensor, Tensor)> {
+        Ok((t.narrow(2, 0, h)?, t.narrow(2, h, hkv)?, t.narrow(2, h + hkv, hkv)?))
+    };
+    for dtype in DTYPES {
+        // d = 40 has no kernel: padded to 64 (a copy).
+        for d in [64, 40] {
+            let n = b * s * heads * d;
+            // The projection itself, and one 3 elements into a buffer (every
+            // view's start offset then not a multiple of 8: copied first).
+            let fused = randn(&mut rng, &[b, s, heads, d], dtype, &device)?;
+            let offset = randn(&mut rng, &[n + 3], dtype, &device)?;
+            let w = randn(&mut rng, &[b, s, h, d], dtype, &device)?.to_dtype(DType::F32)?;
+            let scale = 1.0 / (d as f32).sqrt();
+            type Source = fn(&Tensor, (usize, usize, usize, usize)) -> Result<Tensor>;
+            let sources: [(&str, &Tensor, Source); 2] = [
+                ("fused views", &fused, |t, _| Ok(t.clone())),
+                ("offset 3", &offset, |t, shape| t.narrow(0, 3, shape.0 * shape.1 * shape.2 * shape.3)?.reshape(shape)),
+            ];
+            for (layout, source, view) in sources {
+                for (left, right) in [(None, Some(0)), (Some(9), Some(3))] {
+                    let op = || FlashAttn {
+                        softmax_scale: scale,
+                        alibi_slopes: None,
+                        window_size_left: left,
+                        window_size_right: right,
+                        softcap: None,
+                    };
+                    let mask = Mask::from_window(left, right, s);
+                    // sum(o * w) through the op and through candle's attention,
+                    // differentiated with respect to the whole source.
+                    let run = |source: &Tensor, flash: bool| -> Result<(Tensor, Tensor)> {
+                        let var = Var::from_tensor(source)?;
+                        let (q, k, v) = split(&view(var.as_tensor(), (b, s, heads, d))?)?;
+                        let o = if flash {
+                            assert!(!q.is_contiguous());
+                            q.apply_op3(&k, &v, op())?
+                        } else {
+                            reference(&q, &k, &v, scale, mask, None, None)?.0
+                        };
+                        let grads = o.to_dtype(DType::F32)?.mul(&w)?.sum_all()?.backward()?;
+                        let grad = grads.get(var.as_tensor()).cloned();
+                        Ok((o, grad.ok_or_else(|| candle_core::Error::Msg("no gradient".into()))?))
+                    };
+                    let (o, got) = run(source, true)?;
+                    let (o_ref, want) = run(&source.to_dtype(DType::F32)?, false)?;
+                    let what = format!("seed {seed} {dtype:?} d {d} {layout} window {left:?} {right:?}");
+                    assert_eq!((o.dims(), o.dtype()), (&[b, s, h, d][..], dtype), "{what}");
+                    assert_close(&what, &o, &o_ref, tolerance(dtype));
+                    let error = relative_error(&got, &want);
+                    assert!(error <= gradient_tolerance(dtype), "{what}: gradient relative L2 error {error:.3e}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn outputs_without_a_gradient_fail_in_backward() -> Result<()> {
+    let test = "outputs_without_a_gradient_fail_in_backward";
+    let Some(device) = gpu(test) else { return Ok(()) };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let q = Var::from_tensor(&randn(&mut rng, &[1, 16, 2, 64], DType::F16, &device)?)?;
+    let kv = randn(&mut rng, &[1, 64, 2, 64], DType::F16, &device)?;
+    // The output of a `_with_lse` call has its gradient; the LSE has none.
+    let (o, lse) = fa::flash_attn_with_lse(q.as_tensor(), &kv, &kv, None, 0.125, None, Some(0), None)?;
+    let grads = o.to_dtype(DType::F32)?.sum_all()?.backward()?;
+    assert!(grads.get(q.as_tensor()).is_some(), "the output of flash_attn_with_lse carries q's gradient");
+    let err = lse.sum_all()?.backward().unwrap_err().to_string();
+    assert!(err.contains("the log-sum-exp has no gradient"), "{err}");
+    // KV caches: no backward.
+    let (o, _) = fa::flash_attn_kvcache(q.as_tensor(), &kv, &kv, &[64], None, None, 0.125, None, Some(0), None)?;
+    let err = o.to_dtype(DType::F32)?.sum_all()?.backward().unwrap_err().to_string();
+    assert!(err.contains("no backward through a KV-cache call"), "{err}");
+    let cache = Tensor::zeros((1, 128, 2, 64), DType::F16, &device)?;
+    let new = kv.narrow(1, 0, 16)?;
+    let (o, _) = fa::flash_attn_kvcache_append(
+        q.as_tensor(),
+        &cache,
+        &cache,
+        &new,
+        &new,
+        &[0],
+        None,
+        None,
+        0.125,
+        None,
+        Some(0),
+        None,
+    )?;
+    let err = o.to_dtype(DType::F32)?.sum_all()?.backward().unwrap_err().to_string();
+    assert!(err.contains("the output of a KV-cache call has no gradient"), "{err}");
     Ok(())
 }
